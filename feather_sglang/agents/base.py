@@ -1,0 +1,75 @@
+"""The stop/add agent interface: every agent (static rule, bandit, Q-learning, trained) plugs in here."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from feather_sglang.config import FeatherConfig
+
+
+class Action(IntEnum):
+    """What to do with the best waiting candidate. Values match a gymnasium ``Discrete(2)``."""
+
+    STOP = 0  # dispatch the batch as it is; the candidate keeps waiting
+    ADD = 1  # admit the candidate into the batch
+
+
+@dataclass(frozen=True, slots=True)
+class AgentState:
+    """What an agent sees about one candidate (all lengths in chunks of ``chunk_size`` tokens).
+
+    batch_size:    requests in the batch if the candidate is not added (running + admitted
+                   earlier in this pass).
+    chunks_before: depth of the prefix shared by every request of the batch (0 if empty).
+    chunks_after:  that depth if the candidate joins (the candidate's own length if empty).
+    waiting:       waiting requests that hold the chain key at depth ``chunks_after`` (they
+                   could join later without shrinking the chain further).
+    queue_len:     requests waiting in all.
+    """
+
+    batch_size: int
+    chunks_before: int
+    chunks_after: int
+    waiting: int
+    queue_len: int
+
+    @property
+    def delta(self) -> int:
+        """The paper's delta: chain depth lost if the candidate joins (negative: gained)."""
+        return self.chunks_before - self.chunks_after
+
+    @property
+    def loss(self) -> int:
+        """Chain depth lost if the candidate joins, never negative."""
+        return max(self.delta, 0)
+
+
+class StopAddAgent(ABC):
+    """Decides, candidate by candidate, whether to keep admitting into the running batch.
+
+    Life cycle per scheduling pass: ``decide`` for the best candidate; on ADD the policy
+    admits it and calls ``on_admit``; the next best candidate is asked about, until STOP or
+    nothing is left. ``on_batch_empty`` marks the start of a new batch (nothing running).
+    ``on_step`` reports each executed forward step (for learners whose reward is throughput).
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, config: "FeatherConfig") -> None:
+        self.config = config
+
+    @abstractmethod
+    def decide(self, state: AgentState) -> Action: ...
+
+    def on_admit(self, state: AgentState) -> None:
+        """The candidate described by ``state`` was admitted."""
+
+    def on_batch_empty(self) -> None:
+        """Nothing is running: the next admission starts a new batch."""
+
+    def on_step(self, batch_size: int, step_time_s: float) -> None:
+        """One forward step of ``batch_size`` requests took ``step_time_s`` seconds."""

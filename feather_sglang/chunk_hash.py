@@ -1,0 +1,75 @@
+"""Cumulative per-chunk hashes of a token sequence, the keys of the Chunked Hash Tree.
+
+A prompt of ``n`` tokens cut into chunks of ``chunk_size`` tokens gives
+``ceil(n / chunk_size)`` hashes; the last, partial chunk counts too. Hash ``i`` covers
+chunks ``0..i``: it is the xxh3-64 digest of chunk ``i`` seeded with hash ``i - 1``
+(the same chaining nano-vllm uses for its KV blocks), so two prompts share hash ``i``
+exactly when they share their first ``i + 1`` chunks (up to 64-bit collisions).
+
+Tokens are hashed as little-endian int64, whatever container they come in, so a list
+and a numpy array of the same ids give the same hashes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+import numpy as np
+import xxhash
+
+# Seed of chunk 0. Any fixed value works; a non-zero one keeps chunk 0's hash from
+# being the plain unseeded xxh3 of its bytes, which other caches might also compute.
+CHUNK_HASH_ROOT_SEED = 0x6665617468657221  # b"feather!"
+
+_TOKEN_DTYPE = np.dtype("<i8")
+_TOKEN_BYTES = _TOKEN_DTYPE.itemsize
+
+
+def _token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
+    """Return the token ids as one buffer of little-endian int64 (8 bytes per token).
+
+    NOTE: a Python list goes through ``struct`` rather than ``np.asarray``: both
+    convert in C without a Python loop over tokens, but on a 10K-token list
+    ``struct.pack`` takes about a third of the time numpy's list conversion does
+    (~35 us against ~110 us), and that conversion is the hot spot of admission.
+    """
+    if isinstance(token_ids, np.ndarray):
+        if token_ids.ndim != 1:
+            raise ValueError(f"token_ids must be 1-D, got shape {token_ids.shape}")
+        if token_ids.dtype.kind not in "iu":
+            raise ValueError(f"token_ids must hold integers, got dtype {token_ids.dtype}")
+        tokens = np.ascontiguousarray(token_ids, dtype=_TOKEN_DTYPE)
+        return memoryview(tokens).cast("B")
+    if not isinstance(token_ids, (list, tuple)):
+        token_ids = list(token_ids)
+    try:
+        return struct.Struct(f"<{len(token_ids)}q").pack(*token_ids)
+    except struct.error as exc:
+        raise ValueError(f"token_ids must be int64-representable integers: {exc}") from None
+
+
+def chunk_hashes(token_ids: Iterable[int] | np.ndarray, chunk_size: int) -> list[int]:
+    """Cumulative 64-bit hashes of ``token_ids`` cut into chunks of ``chunk_size`` tokens.
+
+    Args:
+        token_ids: the prompt's token ids, a list/tuple/iterable of ints or a 1-D integer
+            numpy array, length ``n`` tokens.
+        chunk_size: tokens per chunk, >= 1.
+
+    Returns:
+        ``ceil(n / chunk_size)`` unsigned 64-bit ints; entry ``i`` covers chunks ``0..i``.
+        An empty prompt gives an empty list.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 token, got {chunk_size}")
+    buffer = _token_bytes(token_ids)
+    chunk_bytes = chunk_size * _TOKEN_BYTES
+    digest = xxhash.xxh3_64_intdigest
+    hashes: list[int] = []
+    previous = CHUNK_HASH_ROOT_SEED
+    # One xxh3 call per chunk (not per token): 200 calls for 10K tokens at chunk 50.
+    for start in range(0, len(buffer), chunk_bytes):
+        previous = digest(buffer[start : start + chunk_bytes], seed=previous)
+        hashes.append(previous)
+    return hashes

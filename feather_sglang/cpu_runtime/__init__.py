@@ -1,0 +1,108 @@
+"""Everything it takes to run stock SGLang 0.5.23 on a CPU-only host, in one place.
+
+Measured on x86-64 without AVX-512/AMX (see ``shared/reference/sglang-on-cpu.md``):
+
+1. ``SGLANG_USE_CPU_ENGINE=1`` must be in the environment before sglang is
+   imported; without it the scheduler dies importing ``vllm._custom_ops`` from
+   ``sglang/srt/layers/rotary_embedding/base.py`` and the launcher hangs.
+2. ``sgl_kernel`` must be importable: see :mod:`.sgl_kernel_standin`.
+3. torchvision must import beside the CPU torch: see :mod:`.torchvision_fix`.
+4. Server flags: ``--device cpu --attention-backend torch_native
+   --disable-overlap-schedule`` (overlap on: 6.6 tok/s; off: 92 tok/s), see
+   :data:`RECOMMENDED_SERVER_FLAGS`.
+5. The pinned install set: ``requirements-cpu.txt`` beside this file.
+
+Items 1-3 must happen in *every* Python process before sglang's modules load,
+including the scheduler subprocesses, which import sglang while unpickling
+their entry point, before SGLang's plugin loader runs. So :func:`apply` is run
+at interpreter start-up by a one-line ``.pth`` file that
+``python -m feather_sglang.cpu_runtime install`` writes into the environment's
+site-packages, and only on a host with no NVIDIA GPU. On a GPU host none of
+this is installed or applied; the plugin itself works unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+PTH_NAME = "feather_sglang_cpu_runtime.pth"
+ENV_DISABLE = "FEATHER_CPU_RUNTIME_DISABLE"  # set to 1 to switch the runtime off
+ENV_APPLIED = "FEATHER_CPU_RUNTIME_APPLIED"  # set by apply(), inherited by children
+REQUIREMENTS = Path(__file__).with_name("requirements-cpu.txt")
+
+# Flags a CPU server needs in sglang 0.5.23 (what they fix is in the module docstring).
+RECOMMENDED_SERVER_FLAGS = (
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--disable-overlap-schedule",
+)
+
+
+def gpu_present() -> bool:
+    """True if an NVIDIA (or ROCm) GPU is visible, without importing torch."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return False
+    return any(
+        Path(p).exists() for p in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/kfd", "/proc/driver/nvidia")
+    )
+
+
+def apply() -> list[str]:
+    """Apply the CPU runtime to this process. Returns what was done, one line each.
+
+    Cheap (no heavy imports): it runs at start-up of every Python in the venv.
+    """
+    if os.environ.get(ENV_DISABLE) == "1" or gpu_present():
+        return []
+    from . import sgl_kernel_standin, torchvision_fix
+
+    done = []
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") is None:
+        os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+        done.append("set SGLANG_USE_CPU_ENGINE=1 (sglang's CPU engine path)")
+    if sgl_kernel_standin.install():
+        done.append("sgl_kernel: stand-in served when no real sgl_kernel is importable")
+    if torchvision_fix.install():
+        done.append("torchvision: nms/qnms op schemas defined before its meta registrations")
+    os.environ[ENV_APPLIED] = "1"
+    return done
+
+
+def status() -> dict:
+    """What the runtime does on this host, for ``python -m feather_sglang.cpu_runtime status``."""
+    return {
+        "gpu_present": gpu_present(),
+        "disabled_by_env": os.environ.get(ENV_DISABLE) == "1",
+        "applied_in_this_process": os.environ.get(ENV_APPLIED) == "1",
+        "pth_installed": _pth_path().exists(),
+        "SGLANG_USE_CPU_ENGINE": os.environ.get("SGLANG_USE_CPU_ENGINE"),
+        "recommended_server_flags": " ".join(RECOMMENDED_SERVER_FLAGS),
+    }
+
+
+def _pth_path() -> Path:
+    import sysconfig
+
+    return Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
+
+
+def install_pth() -> str:
+    """Write the start-up hook into this environment's site-packages (CPU hosts only)."""
+    if gpu_present():
+        return "GPU present: CPU runtime not installed (install sglang normally)"
+    path = _pth_path()
+    line = "import feather_sglang.cpu_runtime.boot\n"
+    if path.exists() and path.read_text() == line:
+        return f"CPU runtime already installed: {path}"
+    path.write_text(line)
+    return f"CPU runtime installed: {path}"
+
+
+def uninstall_pth() -> str:
+    path = _pth_path()
+    if path.exists():
+        path.unlink()
+        return f"removed {path}"
+    return "CPU runtime was not installed"

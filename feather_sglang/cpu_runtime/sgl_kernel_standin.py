@@ -1,0 +1,109 @@
+"""A stand-in for the ``sgl_kernel`` package on hosts where the real one cannot load.
+
+Why: SGLang 0.5.23's CPU path imports a few names from ``sgl_kernel`` at module
+load (``sglang/kernels/ops/kvcache/cache_move.py`` imports
+``copy_all_layer_kv_cache_cpu``, among others), but the only ``sgl_kernel`` on
+PyPI is a CUDA build that needs ``libcuda.so.1``, and building the real CPU
+kernels needs AVX-512/AMX. With ``--attention-backend torch_native`` none of
+these functions is ever called, so SGLang only needs the names to exist.
+
+Only the names in :data:`STANDIN_FUNCTIONS` exist; each is a function that
+raises :class:`SglKernelStandInError` naming itself, so a code path that really
+needs the kernel fails loudly instead of computing garbage. Every other name,
+and every submodule, is missing (``ImportError``), as on an install without the
+kernel: sglang has fallbacks for most optional imports (e.g. ``get_scalar_types``
+in ``layers/quantization/utils.py``) and those must keep working.
+Set ``FEATHER_SGL_KERNEL_TRACE=1`` to print the names looked up and missing.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+
+STANDIN_MODULE = "sgl_kernel"
+STANDIN_VERSION = "0.0.0+feather.cpu.standin"
+
+# Names sglang 0.5.23 imports from sgl_kernel at module load on the CPU path (found by
+# running the server, the Engine and the tests with FEATHER_SGL_KERNEL_TRACE=1).
+STANDIN_FUNCTIONS = (
+    "copy_all_layer_kv_cache_cpu",
+    "assign_req_to_token_pool_cpu",
+    "assign_extend_cache_locs_cpu",
+    "build_tree_kernel_efficient_cpu",
+    "fill_bonus_tokens_cpu",
+    "fill_accept_out_cache_loc_cpu",
+    "assign_draft_cache_locs_contiguous_cpu",
+    "verify_tree_greedy_cpu",
+)
+
+
+class SglKernelStandInError(RuntimeError):
+    """Raised when SGLang calls a kernel that only the real ``sgl_kernel`` has."""
+
+
+def _raising_function(qualname: str):
+    def standin(*args, **kwargs):
+        raise SglKernelStandInError(
+            f"{qualname} was called, but this host has feather-sglang's CPU stand-in for "
+            "sgl_kernel (the real package needs CUDA or AVX-512/AMX). Use "
+            "--attention-backend torch_native (or feather) on CPU, or install the real "
+            "sgl_kernel on a GPU host."
+        )
+
+    standin.__name__ = qualname.rsplit(".", 1)[-1]
+    standin.__qualname__ = qualname
+    standin.__feather_standin__ = True
+    return standin
+
+
+class _StandInModule(types.ModuleType):
+    """``sgl_kernel`` with only :data:`STANDIN_FUNCTIONS`; other names are missing."""
+
+    def __getattr__(self, name: str):
+        if os.environ.get("FEATHER_SGL_KERNEL_TRACE") == "1" and not name.startswith("__"):
+            print(f"feather sgl_kernel stand-in: missing name {name!r}", file=sys.stderr)
+        raise AttributeError(f"module 'sgl_kernel' (feather CPU stand-in) has no attribute {name!r}")
+
+
+class _StandInLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        module = _StandInModule(spec.name)
+        module.__version__ = STANDIN_VERSION
+        module.__feather_standin__ = True
+        for name in STANDIN_FUNCTIONS:
+            setattr(module, name, _raising_function(f"sgl_kernel.{name}"))
+        return module
+
+    def exec_module(self, module):
+        return None
+
+
+class SglKernelStandInFinder(importlib.abc.MetaPathFinder):
+    """Serves ``sgl_kernel`` (not its submodules: those stay missing) from the stand-in.
+
+    Installed at the END of ``sys.meta_path`` so a real, importable ``sgl_kernel``
+    always wins; the stand-in is only what is left when nothing else is found.
+    """
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != STANDIN_MODULE:
+            if fullname.startswith(STANDIN_MODULE + ".") and os.environ.get("FEATHER_SGL_KERNEL_TRACE") == "1":
+                print(f"feather sgl_kernel stand-in: missing submodule {fullname!r}", file=sys.stderr)
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _StandInLoader())
+
+
+def install() -> bool:
+    """Append the finder to ``sys.meta_path`` once. Returns True if newly installed."""
+    if any(isinstance(f, SglKernelStandInFinder) for f in sys.meta_path):
+        return False
+    sys.meta_path.append(SglKernelStandInFinder())
+    return True
+
+
+def is_standin(module) -> bool:
+    return bool(getattr(module, "__feather_standin__", False))

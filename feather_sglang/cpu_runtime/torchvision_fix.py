@@ -1,0 +1,68 @@
+"""Lets PyPI's torchvision import beside the CPU build of torch.
+
+Why: sglang imports ``torchvision.transforms`` while loading model configs.
+PyPI's torchvision 0.28.0 wheel is linked against the CUDA build of torch, so
+its C extension does not load beside ``torch==2.13.0+cpu`` and the op schemas it
+would register are missing; ``torchvision/_meta_registrations.py`` then fails
+with ``RuntimeError: operator torchvision::nms does not exist`` at import.
+
+Fix: just before ``torchvision._meta_registrations`` runs, define the two op
+schemas it registers fake kernels for (``nms``, ``qnms``). Nothing else of
+torchvision's compiled ops is made to work: calling ``torchvision.ops.nms`` on
+such a host still fails, which no text-model path in sglang does.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+
+_TARGET = "torchvision._meta_registrations"
+# Schemas as torchvision's own csrc/ops/nms.cpp declares them.
+_SCHEMAS = {
+    "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+}
+_library = None  # keep the torch.library.Library alive for the process lifetime
+
+
+def define_missing_schemas() -> list[str]:
+    """Define the torchvision op schemas that are missing. Returns the names defined."""
+    global _library
+    import torch
+
+    defined = []
+    for name, schema in _SCHEMAS.items():
+        if _op_exists(name):
+            continue
+        if _library is None:
+            _library = torch.library.Library("torchvision", "FRAGMENT")
+        _library.define(schema)
+        defined.append(name)
+    return defined
+
+
+def _op_exists(name: str) -> bool:
+    import torch
+
+    try:
+        torch._C._dispatch_find_schema_or_throw(f"torchvision::{name}", "")
+        return True
+    except RuntimeError:
+        return False
+
+
+class TorchvisionSchemaFinder(importlib.abc.MetaPathFinder):
+    """Runs :func:`define_missing_schemas` when ``torchvision._meta_registrations`` is imported."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == _TARGET:
+            define_missing_schemas()
+        return None  # the normal finders load the module itself
+
+
+def install() -> bool:
+    if any(isinstance(f, TorchvisionSchemaFinder) for f in sys.meta_path):
+        return False
+    sys.meta_path.insert(0, TorchvisionSchemaFinder())
+    return True

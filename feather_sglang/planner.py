@@ -1,0 +1,220 @@
+"""One scheduling pass of feather, independent of SGLang's objects.
+
+The planner keeps the chunked hash tree in step with the scheduler's queue and batch and,
+each pass, decides which waiting requests to admit and in what order:
+
+1. requests that waited longer than ``max_wait_s`` (the starvation bound), oldest first,
+   admitted regardless of their prefix;
+2. then, repeatedly, the CHT's best candidate (fewest chunks missing from the running
+   batch), asking the stop/add agent ADD or STOP; each ADD joins the CHT's working set, so
+   the next candidate is judged against the batch as it will run;
+3. a *prefix leader*: when the pick's prefix is shared with other waiting requests but not
+   yet in the radix cache, it is admitted alone first and its group follows next pass,
+   reusing its KV (what SGLang's lpm does with in-batch prefix caching).
+
+Planned requests are admitted into the CHT right away; the ones the scheduler did not take
+after all (token budget, memory) are put back by :meth:`AdmissionPlanner.end_pass`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+
+from feather_sglang.agents import Action, AgentState, make_agent
+from feather_sglang.cht import ChunkedHashTree, RequestState
+from feather_sglang.config import FeatherConfig
+
+
+@dataclass(slots=True)
+class Plan:
+    """The outcome of one pass: request ids to admit, in order, and why planning stopped."""
+
+    rids: list[Hashable] = field(default_factory=list)
+    starved: int = 0  # how many of ``rids`` were admitted by the starvation bound
+    stop_reason: str = "empty"  # empty | agent | limit | prefix-leader
+
+    def __contains__(self, rid: Hashable) -> bool:
+        return rid in self._set
+
+    @property
+    def _set(self) -> set:
+        return set(self.rids)
+
+
+@dataclass(slots=True)
+class PlannerStats:
+    """Counters since start (or the last :meth:`AdmissionPlanner.take_stats`)."""
+
+    passes: int = 0
+    planned: int = 0
+    admitted: int = 0
+    rolled_back: int = 0
+    starved: int = 0
+    stops: dict = field(default_factory=dict)
+    plan_seconds: float = 0.0  # time spent planning and keeping the CHT in step
+
+
+class AdmissionPlanner:
+    """Tracks requests by id and plans each pass's admissions (see the module docstring).
+
+    ``clock`` returns seconds (monotonic); injectable for tests of the starvation bound.
+    """
+
+    def __init__(self, config: FeatherConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.cht = ChunkedHashTree(config.chunk_size)
+        self.agent = make_agent(config)
+        self.clock = clock
+        # Waiting requests in arrival order -> the time they (re-)entered the queue.
+        self._waiting_since: dict[Hashable, float] = {}
+        self._pending: list[Hashable] = []  # planned, admission not yet confirmed
+        self.stats = PlannerStats()
+
+    # ---- keeping in step with the scheduler ------------------------------------------------
+    def on_enqueue(self, rid: Hashable, token_ids: Iterable[int]) -> None:
+        """A request entered the waiting queue: a new arrival, or a running one retracted."""
+        if rid in self.cht:
+            if self.cht.state(rid) is RequestState.RUNNING:
+                self.cht.retract(rid)
+        else:
+            self.cht.add_waiting(rid, token_ids)
+        self._waiting_since.pop(rid, None)
+        self._waiting_since[rid] = self.clock()
+
+    def forget(self, rid: Hashable) -> None:
+        """A request left for good (finished, aborted) from wherever it was."""
+        if rid in self.cht:
+            self.cht.remove(rid)
+        self._waiting_since.pop(rid, None)
+
+    def sync_running(self, running: dict[Hashable, Callable[[], Iterable[int]]]) -> list[Hashable]:
+        """Make the CHT's running set equal ``running`` (rid -> lazy prompt token ids).
+
+        Costs O(running): finished requests leave the working set; a running request the
+        CHT never saw (should not happen; kept for robustness) is added. Returns the ids
+        forgotten.
+        """
+        gone = [r for r in self.cht.running_ids() if r not in running]
+        for rid in gone:
+            self.forget(rid)
+        for rid, tokens in running.items():
+            if rid not in self.cht:
+                self.cht.add_waiting(rid, tokens())
+            if self.cht.state(rid) is RequestState.WAITING:
+                self.cht.admit(rid)
+                self._waiting_since.pop(rid, None)
+        return gone
+
+    def sync_waiting(self, waiting: dict[Hashable, Callable[[], Iterable[int]]]) -> list[Hashable]:
+        """Full O(W) reconciliation of the waiting set, for when the queue changed behind
+        the planner's back (e.g. an abort popped a waiting request). Returns the ids
+        forgotten."""
+        gone = [r for r in self._waiting_since if r not in waiting]
+        for rid in gone:
+            self.forget(rid)
+        for rid, tokens in waiting.items():
+            if rid not in self.cht or self.cht.state(rid) is RequestState.RUNNING:
+                self.on_enqueue(rid, tokens() if rid not in self.cht else ())
+        return gone
+
+    @property
+    def num_waiting(self) -> int:
+        return self.cht.num_waiting
+
+    # ---- one pass -------------------------------------------------------------------------
+    def plan(
+        self,
+        max_new: int,
+        cached_prefix_tokens: Callable[[Hashable], int] | None = None,
+    ) -> Plan:
+        """Choose up to ``max_new`` waiting requests to admit this pass.
+
+        ``cached_prefix_tokens(rid)`` returns how many leading prompt tokens of ``rid`` are in
+        the radix cache; None disables the prefix leader (e.g. radix cache off).
+        """
+        start = time.perf_counter()
+        self.end_pass(())  # a plan the scheduler never consumed is rolled back
+        cht, agent, config = self.cht, self.agent, self.config
+        plan = Plan()
+        if cht.num_running == 0:
+            agent.on_batch_empty()
+
+        now = self.clock()
+        for rid, since in self._waiting_since.items():
+            if len(plan.rids) >= max_new or now - since <= config.max_wait_s:
+                break
+            if cht.state(rid) is RequestState.WAITING:
+                cht.admit(rid)
+                plan.rids.append(rid)
+        plan.starved = len(plan.rids)
+
+        while True:
+            if len(plan.rids) >= max_new:
+                plan.stop_reason = "limit" if cht.num_waiting else "empty"
+                break
+            rid = cht.best()
+            if rid is None:
+                plan.stop_reason = "empty"
+                break
+            view = cht.candidate_view(rid)
+            state = AgentState(
+                batch_size=view.batch_size,
+                chunks_before=view.chunks_before,
+                chunks_after=view.chunks_after,
+                waiting=view.waiting,
+                queue_len=cht.num_waiting,
+            )
+            if agent.decide(state) is Action.STOP:
+                plan.stop_reason = "agent"
+                break
+            leader = (
+                cached_prefix_tokens is not None
+                and config.prefix_leader
+                and view.deficit > 0
+                and self._needs_leader(rid, view, cached_prefix_tokens)
+            )
+            cht.admit(rid)
+            agent.on_admit(state)
+            plan.rids.append(rid)
+            if leader:
+                plan.stop_reason = "prefix-leader"
+                break
+
+        self._pending = list(plan.rids)
+        stats = self.stats
+        stats.passes += 1
+        stats.planned += len(plan.rids)
+        stats.starved += plan.starved
+        stats.stops[plan.stop_reason] = stats.stops.get(plan.stop_reason, 0) + 1
+        stats.plan_seconds += time.perf_counter() - start
+        return plan
+
+    def _needs_leader(self, rid, view, cached_prefix_tokens) -> bool:
+        """True if ``rid`` shares leading chunks with other waiting requests that are not
+        cached yet: computing them once, then letting the group hit the cache, beats every
+        member computing the same prefix in one batch."""
+        shared_chunks = self.cht.waiting_shared_depth(rid)
+        if shared_chunks == 0:
+            return False
+        uncached_from = cached_prefix_tokens(rid) // self.config.chunk_size
+        return uncached_from < shared_chunks - 1
+
+    def end_pass(self, admitted: Iterable[Hashable]) -> None:
+        """The scheduler took ``admitted`` (ids) from the last plan; the rest go back to waiting."""
+        if not self._pending:
+            return
+        admitted = set(admitted)
+        for rid in self._pending:
+            if rid in admitted:
+                self._waiting_since.pop(rid, None)
+                self.stats.admitted += 1
+            elif rid in self.cht and self.cht.state(rid) is RequestState.RUNNING:
+                self.cht.retract(rid)
+                self.stats.rolled_back += 1
+        self._pending = []
+
+    def take_stats(self) -> PlannerStats:
+        stats, self.stats = self.stats, PlannerStats()
+        return stats

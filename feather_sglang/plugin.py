@@ -1,0 +1,14 @@
+"""SGLang general-plugin entry point (group ``sglang.srt.plugins``, name ``feather``).
+
+SGLang calls :func:`register` in the launcher and in every scheduler, detokenizer and
+data-parallel-controller process (``sglang.srt.plugins.load_plugins``).
+"""
+
+from __future__ import annotations
+
+
+def register() -> None:
+    """Idempotent: registers feather's hooks with SGLang's HookRegistry."""
+    from feather_sglang.sglang_integration import install_hooks
+
+    install_hooks()

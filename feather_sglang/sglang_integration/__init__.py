@@ -1,0 +1,53 @@
+"""Where feather touches SGLang. Written for and tested against sglang 0.5.23.
+
+Only hooks through SGLang's own plugin registry (``sglang.srt.plugins.hook_registry``);
+no file of the installed sglang is edited. Each hook names the upstream seam it uses.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+SGLANG_VERSION = "0.5.23"
+logger = logging.getLogger(__name__)
+
+_SCHED = "sglang.srt.managers.scheduler"
+_installed = False
+
+
+def install_hooks() -> None:
+    """Register feather's hooks with SGLang's HookRegistry (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from feather_sglang.sglang_integration import args, policy, trace
+
+    try:
+        import sglang
+
+        if getattr(sglang, "__version__", SGLANG_VERSION) != SGLANG_VERSION:
+            logger.warning(
+                "feather-sglang was written for sglang %s; found %s", SGLANG_VERSION, sglang.__version__
+            )
+    except ImportError:  # pragma: no cover
+        pass
+
+    reg = HookRegistry.register
+    reg("sglang.srt.server_args.ServerArgs.add_cli_args", args.add_cli_args_after, HookType.AFTER)
+    reg("sglang.srt.server_args.ServerArgs.from_cli_args", args.from_cli_args_after, HookType.AFTER)
+    reg("sglang.srt.entrypoints.engine.Engine.__init__", args.engine_init_around, HookType.AROUND)
+    reg(f"{_SCHED}.SchedulePolicy", policy.FeatherSchedulePolicy, HookType.REPLACE)
+    reg(f"{_SCHED}.Scheduler.init_schedule_policy", policy.init_schedule_policy_after, HookType.AFTER)
+    reg(f"{_SCHED}.Scheduler.get_prefill_adder_class", policy.get_prefill_adder_class_around, HookType.AROUND)
+    reg(f"{_SCHED}.Scheduler._add_request_to_queue", policy.add_request_to_queue_after, HookType.AFTER)
+    reg(
+        f"{_SCHED}.Scheduler._get_new_batch_prefill_raw",
+        policy.get_new_batch_prefill_raw_around,
+        HookType.AROUND,
+    )
+    if os.environ.get(trace.ENV):
+        reg(f"{_SCHED}.Scheduler.get_next_batch_to_run", trace.get_next_batch_to_run_after, HookType.AFTER)

@@ -1,0 +1,122 @@
+"""``--feather-*`` command-line flags and ``feather_*`` Engine keyword arguments.
+
+The FeatherConfig travels to the scheduler subprocesses on the ServerArgs record as the
+non-field attribute ``_feather_config``: ServerArgs (a msgspec Struct with ``dict=True``)
+pickles its ``__dict__`` along with its fields, and SGLang allows underscore bookkeeping
+attributes to be set at any time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import msgspec
+
+from feather_sglang.config import FeatherConfig, FeatherConfigError
+
+logger = logging.getLogger(__name__)
+
+POLICY_NAME = "feather"
+CONFIG_ATTR = "_feather_config"
+
+
+def feather_config_of(server_args) -> FeatherConfig:
+    """The FeatherConfig a ServerArgs carries (defaults if it carries none)."""
+    return getattr(server_args, CONFIG_ATTR, None) or FeatherConfig()
+
+
+def _attach(server_args, config: FeatherConfig) -> None:
+    msgspec.Struct.__setattr__(server_args, CONFIG_ATTR, config)
+
+
+def _argparse_type(name: str, check):
+    def convert(text: str):
+        try:
+            return check(name, text)
+        except FeatherConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = name
+    return convert
+
+
+def add_cli_args_after(result, parser: argparse.ArgumentParser):
+    """AFTER hook on ``ServerArgs.add_cli_args``: list ``feather`` and add ``--feather-*``."""
+    for action in parser._actions:
+        if "--schedule-policy" in action.option_strings and action.choices is not None:
+            if POLICY_NAME not in action.choices:
+                action.choices = list(action.choices) + [POLICY_NAME]
+            action.help = (action.help or "") + (
+                " 'feather' (feather-sglang plugin): admits the waiting requests that keep the"
+                " running batch's shared prefix deepest (chunked hash tree + stop/add agent)."
+            )
+    if any(a.dest == "feather_chunk_size" for a in parser._actions):
+        return result  # already added (parsers are built more than once in some paths)
+    group = parser.add_argument_group(
+        "feather schedule policy", "Options of --schedule-policy feather (feather-sglang plugin)."
+    )
+    defaults = FeatherConfig()
+    for flag, field in FeatherConfig.options():
+        default = getattr(defaults, field.name)
+        extra = {}
+        if field.name == "agent":
+            from feather_sglang.agents import agent_names
+
+            extra["choices"] = agent_names()
+        else:
+            extra["type"] = _argparse_type(field.name, field.metadata["check"])
+        group.add_argument(
+            flag,
+            dest="feather_" + field.name,
+            default=None,
+            help=f"{field.metadata['help']} Default: {default}.",
+            **extra,
+        )
+    return result
+
+
+def from_cli_args_after(result, cls, args: argparse.Namespace):
+    """AFTER hook on ``ServerArgs.from_cli_args``: validate the flags into a FeatherConfig."""
+    values = {k: v for k, v in vars(args).items() if k.startswith("feather_")}
+    given = {k: v for k, v in values.items() if v is not None}
+    try:
+        config = FeatherConfig.from_prefixed(values)
+    except FeatherConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if given and getattr(result, "schedule_policy", None) != POLICY_NAME:
+        logger.warning(
+            "feather options %s are ignored: --schedule-policy is %r, not 'feather'",
+            ", ".join("--" + k.replace("_", "-") for k in given),
+            result.schedule_policy,
+        )
+    _attach(result, config)
+    return result
+
+
+def engine_init_around(original, self, *args, **kwargs):
+    """AROUND hook on ``Engine.__init__``: accept ``feather_*=`` keyword arguments."""
+    feather_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("feather_")}
+    config = FeatherConfig.from_prefixed(feather_kwargs)  # FeatherConfigError: clear message
+    if "server_args" in kwargs:
+        server_args = kwargs["server_args"]
+        if feather_kwargs or getattr(server_args, CONFIG_ATTR, None) is None:
+            _attach(server_args, config)
+        return original(self, *args, **kwargs)
+    if not feather_kwargs:
+        return original(self, *args, **kwargs)
+    # Build the record the way Engine.__init__ does, then hand it over with the config on it.
+    kwargs.setdefault("log_level", "error")
+    server_args = self.server_args_class(**kwargs)
+    from sglang.srt.entrypoints import engine as engine_module
+
+    shown = engine_module.redact_watermark_secrets({**kwargs, **feather_kwargs})
+    msgspec.Struct.__setattr__(
+        server_args,
+        "_launch_command",
+        "Engine(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")",
+    )
+    _attach(server_args, config)
+    return original(self, *args, server_args=server_args)

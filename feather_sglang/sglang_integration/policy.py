@@ -1,0 +1,199 @@
+"""``feather`` inside SGLang's scheduler: the policy, the prefill adder and the scheduler hooks.
+
+Seams used (sglang 0.5.23, ``srt/managers``):
+- ``scheduler.SchedulePolicy`` is replaced by :class:`FeatherSchedulePolicy`, a subclass that
+  behaves exactly like the stock class for every stock policy and, for ``feather``, orders
+  the waiting queue from the planner (``calc_priority``).
+- ``Scheduler.get_prefill_adder_class`` returns a PrefillAdder subclass that refuses
+  (``AddReqResult.OTHER``, which ends the admission loop) any request outside the plan: that
+  is where the agent's STOP takes effect.
+- ``Scheduler._add_request_to_queue`` tells the planner about arrivals and retractions.
+- ``Scheduler._get_new_batch_prefill_raw`` tells it which planned requests were admitted.
+Finished and aborted requests are noticed by comparing the running batch each pass (O(batch))
+and the waiting-queue length (O(1); a full O(W) reconciliation only when it differs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Optional
+
+from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, SchedulePolicy
+from sglang.srt.mem_cache.common import match_kv_cache
+
+from feather_sglang.planner import AdmissionPlanner
+from feather_sglang.sglang_integration.args import POLICY_NAME, feather_config_of
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+
+logger = logging.getLogger(__name__)
+
+# NOTE: how often (seconds) the scheduler logs feather's counters; SGLang's own decode log
+# is per N steps, which on a slow CPU can be minutes apart.
+STATS_LOG_INTERVAL_S = 10.0
+
+
+class FeatherSchedulePolicy(SchedulePolicy):
+    """SGLang's SchedulePolicy, plus the ``feather`` policy."""
+
+    def __init__(self, policy: str, tree_cache, *args, **kwargs):
+        self.feather: Optional[FeatherState] = None
+        if policy != POLICY_NAME:
+            super().__init__(policy, tree_cache, *args, **kwargs)
+            return
+        # Everything SGLang's policy object sets up, with fcfs underneath for the parts of
+        # the scheduler that inspect ``policy.policy`` (load reporting, prefix touching).
+        super().__init__("fcfs", tree_cache, *args, **kwargs)
+        self.feather = FeatherState(tree_cache)
+
+    def calc_priority(
+        self,
+        waiting_queue: list["Req"],
+        running_batch: Optional["ScheduleBatch"] = None,
+        processed_tokens: int = 0,
+    ) -> None:
+        if self.feather is None:
+            return super().calc_priority(waiting_queue, running_batch, processed_tokens)
+        self.feather.order(waiting_queue, running_batch)
+
+
+class FeatherState:
+    """Per-scheduler state of the feather policy; attached to a scheduler after init."""
+
+    def __init__(self, tree_cache) -> None:
+        self.tree_cache = tree_cache
+        self.scheduler = None
+        self.planner: Optional[AdmissionPlanner] = None
+        self.reqs: dict = {}  # rid -> Req for requests the planner tracks
+        self.plan_rids: frozenset = frozenset()
+        self.resyncs = 0
+        self.passes = 0
+        self.sched_seconds = 0.0  # time in feather's calc_priority (sync + plan + reorder)
+        self._last_log = time.monotonic()
+
+    def attach(self, scheduler) -> None:
+        config = feather_config_of(scheduler.server_args)
+        self.scheduler = scheduler
+        self.planner = AdmissionPlanner(config)
+        self.radix_enabled = not getattr(self.tree_cache, "disable", True)
+        if not self.radix_enabled:
+            logger.warning(
+                "feather with the radix cache disabled: batches are still grouped by prefix, "
+                "but requests of a group do not reuse each other's prefix KV (each computes "
+                "it again), and the prefix-leader step is off."
+            )
+        logger.info("feather schedule policy: %s", config.as_dict())
+
+    # ---- events from the scheduler -------------------------------------------------------
+    def on_enqueue(self, req: "Req") -> None:
+        self.reqs[req.rid] = req
+        self.planner.on_enqueue(req.rid, req.origin_input_ids)
+
+    def on_pass_end(self, new_batch: Optional["ScheduleBatch"]) -> None:
+        admitted = [r.rid for r in new_batch.reqs] if new_batch is not None else []
+        self.planner.end_pass(admitted)
+        self.plan_rids = frozenset()
+
+    # ---- one pass ------------------------------------------------------------------------
+    def order(self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]) -> None:
+        start = time.perf_counter()
+        planner, scheduler, reqs = self.planner, self.scheduler, self.reqs
+        running = {}
+        if running_batch is not None:
+            for r in running_batch.reqs:
+                running[r.rid] = r
+        chunked = scheduler.chunked_req
+        if chunked is not None:
+            running[chunked.rid] = chunked
+        reqs.update(running)
+        gone = planner.sync_running({rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()})
+        if len(waiting_queue) != planner.num_waiting:
+            self.resyncs += 1
+            for r in waiting_queue:
+                reqs[r.rid] = r
+            gone += planner.sync_waiting({r.rid: (lambda r=r: r.origin_input_ids) for r in waiting_queue})
+        for rid in gone:
+            reqs.pop(rid, None)
+        max_new = scheduler.get_num_allocatable_reqs(len(running_batch.reqs) if running_batch else 0)
+        plan = planner.plan(
+            max_new=max(max_new, 0),
+            cached_prefix_tokens=self._cached_prefix_tokens if self.radix_enabled else None,
+        )
+        self.plan_rids = frozenset(plan.rids)
+        if plan.rids:
+            planned = self.plan_rids
+            rest = [r for r in waiting_queue if r.rid not in planned]
+            waiting_queue[:] = [reqs[rid] for rid in plan.rids] + rest
+        self.sched_seconds += time.perf_counter() - start
+        self.passes += 1
+        self._maybe_log()
+
+    def _cached_prefix_tokens(self, rid) -> int:
+        req = self.reqs[rid]
+        return match_kv_cache(req, self.tree_cache, req.origin_input_ids).device_prefix_len
+
+    def _maybe_log(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log < STATS_LOG_INTERVAL_S:
+            return
+        self._last_log = now
+        s = self.planner.take_stats()
+        passes, seconds = self.passes, self.sched_seconds
+        self.passes, self.sched_seconds = 0, 0.0
+        if passes == 0:
+            return
+        logger.info(
+            "feather: passes=%d admitted=%d rolled_back=%d starved=%d stops=%s "
+            "sched_time=%.3f ms/pass waiting=%d running=%d resyncs=%d",
+            passes, s.admitted, s.rolled_back, s.starved, s.stops,
+            1e3 * seconds / passes, self.planner.num_waiting,
+            self.planner.cht.num_running, self.resyncs,
+        )
+
+
+def make_prefill_adder_class(state: FeatherState) -> type[PrefillAdder]:
+    """A PrefillAdder that admits only the requests of the current feather plan."""
+
+    class FeatherPrefillAdder(PrefillAdder):
+        def add_one_req(self, req, has_chunked_req, truncation_align_size):
+            if req.rid not in state.plan_rids:
+                return AddReqResult.OTHER  # the agent said STOP (or the plan is used up)
+            return super().add_one_req(req, has_chunked_req, truncation_align_size)
+
+    return FeatherPrefillAdder
+
+
+def _feather_state(scheduler) -> Optional[FeatherState]:
+    policy = getattr(scheduler, "policy", None)
+    return getattr(policy, "feather", None)
+
+
+# ---- scheduler hooks (registered in feather_sglang.sglang_integration.install_hooks) ------
+def init_schedule_policy_after(result, scheduler, *args, **kwargs):
+    state = _feather_state(scheduler)
+    if state is not None:
+        state.attach(scheduler)
+        scheduler._feather_adder_class = make_prefill_adder_class(state)
+    return result
+
+
+def get_prefill_adder_class_around(original, scheduler, *args, **kwargs):
+    cls = getattr(scheduler, "_feather_adder_class", None)
+    return cls if cls is not None else original(scheduler, *args, **kwargs)
+
+
+def add_request_to_queue_after(result, scheduler, req, *args, **kwargs):
+    state = _feather_state(scheduler)
+    if state is not None and scheduler.waiting_queue and scheduler.waiting_queue[-1] is req:
+        state.on_enqueue(req)
+    return result
+
+
+def get_new_batch_prefill_raw_around(original, scheduler, *args, **kwargs):
+    result = original(scheduler, *args, **kwargs)
+    state = _feather_state(scheduler)
+    if state is not None:
+        state.on_pass_end(result[0])
+    return result

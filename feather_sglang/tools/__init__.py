@@ -1,0 +1,1 @@
+"""Helpers shared by the demo, the benchmarks and the end-to-end tests (not loaded by SGLang)."""

@@ -1,0 +1,148 @@
+"""Start a real ``python -m sglang.launch_server`` under a timeout, and stop it cleanly.
+
+Used by ``make demo``, the benchmarks and the end-to-end tests. The server runs in its own
+process group so that stopping it also stops its scheduler and detokenizer subprocesses;
+a server that does not become healthy in time is killed and its log tail is raised with the
+error, so nothing ever hangs a test suite.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+from feather_sglang.cpu_runtime import RECOMMENDED_SERVER_FLAGS, gpu_present
+
+READY_TIMEOUT_S = 240.0
+STOP_TIMEOUT_S = 30.0
+
+
+class ServerError(RuntimeError):
+    """The server failed to start, died, or did not stop."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SGLangServer:
+    """``with SGLangServer(model, schedule_policy="feather") as server: server.url``.
+
+    ``extra_args`` are passed through to ``sglang.launch_server``; on a host without a GPU
+    the CPU flags of :data:`feather_sglang.cpu_runtime.RECOMMENDED_SERVER_FLAGS` are added
+    unless ``extra_args`` already sets them.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        schedule_policy: str = "fcfs",
+        extra_args: list[str] | tuple[str, ...] = (),
+        port: int | None = None,
+        log_path: str | os.PathLike | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.model_path = str(model_path)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ready_timeout_s = ready_timeout_s
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
+        args = [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", self.model_path,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--schedule-policy", schedule_policy,
+            *extra_args,
+        ]
+        if not gpu_present():
+            given = set(extra_args)
+            flags = list(RECOMMENDED_SERVER_FLAGS)
+            for i in range(0, len(flags)):
+                if flags[i].startswith("--") and flags[i] in given:
+                    flags[i] = None  # caller's choice wins
+                    if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+                        flags[i + 1] = None
+            args += [f for f in flags if f is not None]
+        self.args = args
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.returncode: int | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self) -> "SGLangServer":
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"server exited with code {self.proc.returncode} during start-up:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health_generate", timeout=30).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise ServerError(f"server not healthy after {self.ready_timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> int:
+        """SIGINT, then SIGTERM, then SIGKILL to the whole process group. Returns the exit code."""
+        if self.proc is None or self.returncode is not None:
+            return self.returncode or 0
+        for sig, wait_s in ((signal.SIGINT, STOP_TIMEOUT_S / 2), (signal.SIGTERM, STOP_TIMEOUT_S / 2), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.returncode = self.proc.wait(timeout=10)
+        self._reap_group()
+        self._log.close()
+        return self.returncode
+
+    def _reap_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # any child the launcher left behind
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def group_alive(self) -> bool:
+        """True if any process of the server's process group is still running."""
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def log_text(self) -> str:
+        self._log.flush() if not self._log.closed else None
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def __enter__(self) -> "SGLangServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
