@@ -70,6 +70,8 @@ class AdmissionPlanner:
         # Waiting requests in arrival order -> the time they (re-)entered the queue.
         self._waiting_since: dict[Hashable, float] = {}
         self._pending: list[Hashable] = []  # planned, admission not yet confirmed
+        self._admit_states: list[tuple[Hashable, AgentState]] = []  # agent-admitted in the plan
+        self._agent_checkpoint: object = None
         self.stats = PlannerStats()
 
     # ---- keeping in step with the scheduler ------------------------------------------------
@@ -96,6 +98,10 @@ class AdmissionPlanner:
         CHT never saw (should not happen; kept for robustness) is added. Returns the ids
         forgotten.
         """
+        if self._pending:
+            # A plan whose end_pass never came (SGLang paths that call calc_priority without
+            # the prefill hook): what runs now was admitted, the rest goes back.
+            self.end_pass([rid for rid in self._pending if rid in running])
         gone = [r for r in self.cht.running_ids() if r not in running]
         for rid in gone:
             self.forget(rid)
@@ -140,6 +146,10 @@ class AdmissionPlanner:
         plan = Plan()
         if cht.num_running == 0:
             agent.on_batch_empty()
+        # The agent's own state as it was before this plan's admissions, so that a partly
+        # consumed plan can be replayed onto it (see end_pass).
+        self._agent_checkpoint = agent.checkpoint()
+        self._admit_states: list[tuple[Hashable, AgentState]] = []
 
         now = self.clock()
         for rid, since in self._waiting_since.items():
@@ -177,6 +187,7 @@ class AdmissionPlanner:
             )
             cht.admit(rid)
             agent.on_admit(state)
+            self._admit_states.append((rid, state))
             plan.rids.append(rid)
             if leader:
                 plan.stop_reason = "prefix-leader"
@@ -206,6 +217,7 @@ class AdmissionPlanner:
         if not self._pending:
             return
         admitted = set(admitted)
+        rolled_back = False
         for rid in self._pending:
             if rid in admitted:
                 self._waiting_since.pop(rid, None)
@@ -213,7 +225,15 @@ class AdmissionPlanner:
             elif rid in self.cht and self.cht.state(rid) is RequestState.RUNNING:
                 self.cht.retract(rid)
                 self.stats.rolled_back += 1
+                rolled_back = True
+        if rolled_back:
+            # The agent learned from admissions that did not happen: replay only the real ones.
+            self.agent.restore(self._agent_checkpoint)
+            for rid, state in self._admit_states:
+                if rid in admitted:
+                    self.agent.on_admit(state)
         self._pending = []
+        self._admit_states = []
 
     def take_stats(self) -> PlannerStats:
         stats, self.stats = self.stats, PlannerStats()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import IntEnum
@@ -73,3 +74,14 @@ class StopAddAgent(ABC):
 
     def on_step(self, batch_size: int, step_time_s: float) -> None:
         """One forward step of ``batch_size`` requests took ``step_time_s`` seconds."""
+
+    # NOTE: a plan can be cut short by the scheduler (token budget, memory) after the agent
+    # has seen its admissions; the planner then restores this checkpoint and replays
+    # ``on_admit`` for the admissions that really happened.
+    def checkpoint(self) -> object:
+        """A copy of whatever ``on_admit``/``on_batch_empty`` change (default: all attributes
+        but the config)."""
+        return copy.deepcopy({k: v for k, v in vars(self).items() if k != "config"})
+
+    def restore(self, checkpoint: object) -> None:
+        vars(self).update(copy.deepcopy(checkpoint))

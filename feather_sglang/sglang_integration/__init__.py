@@ -6,14 +6,53 @@ no file of the installed sglang is edited. Each hook names the upstream seam it 
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import logging
 import os
+import sys
 
 SGLANG_VERSION = "0.5.23"
 logger = logging.getLogger(__name__)
 
 _SCHED = "sglang.srt.managers.scheduler"
 _installed = False
+
+
+def after_import(module_name: str, patch) -> None:
+    """Run ``patch(module)`` now if ``module_name`` is imported, else right after its import."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        patch(module)
+        return
+    sys.meta_path.insert(0, _PostImportFinder(module_name, patch))
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Wraps the real loader of one module so ``patch`` runs once the module has executed."""
+
+    def __init__(self, module_name: str, patch) -> None:
+        self.module_name, self.patch = module_name, patch
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.module_name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        real_loader, patch = spec.loader, self.patch
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec_):
+                return real_loader.create_module(spec_)
+
+            def exec_module(self, module):
+                real_loader.exec_module(module)
+                patch(module)
+
+        spec.loader = _Loader()
+        return spec
 
 
 def install_hooks() -> None:
@@ -39,7 +78,7 @@ def install_hooks() -> None:
     reg = HookRegistry.register
     reg("sglang.srt.server_args.ServerArgs.add_cli_args", args.add_cli_args_after, HookType.AFTER)
     reg("sglang.srt.server_args.ServerArgs.from_cli_args", args.from_cli_args_after, HookType.AFTER)
-    reg("sglang.srt.entrypoints.engine.Engine.__init__", args.engine_init_around, HookType.AROUND)
+    after_import("sglang.srt.entrypoints.engine", args.patch_engine)
     reg(f"{_SCHED}.SchedulePolicy", policy.FeatherSchedulePolicy, HookType.REPLACE)
     reg(f"{_SCHED}.Scheduler.init_schedule_policy", policy.init_schedule_policy_after, HookType.AFTER)
     reg(f"{_SCHED}.Scheduler.get_prefill_adder_class", policy.get_prefill_adder_class_around, HookType.AROUND)

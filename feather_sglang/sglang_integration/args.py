@@ -96,27 +96,37 @@ def from_cli_args_after(result, cls, args: argparse.Namespace):
     return result
 
 
-def engine_init_around(original, self, *args, **kwargs):
-    """AROUND hook on ``Engine.__init__``: accept ``feather_*=`` keyword arguments."""
-    feather_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("feather_")}
-    config = FeatherConfig.from_prefixed(feather_kwargs)  # FeatherConfigError: clear message
-    if "server_args" in kwargs:
-        server_args = kwargs["server_args"]
-        if feather_kwargs or getattr(server_args, CONFIG_ATTR, None) is None:
-            _attach(server_args, config)
-        return original(self, *args, **kwargs)
-    if not feather_kwargs:
-        return original(self, *args, **kwargs)
-    # Build the record the way Engine.__init__ does, then hand it over with the config on it.
-    kwargs.setdefault("log_level", "error")
-    server_args = self.server_args_class(**kwargs)
-    from sglang.srt.entrypoints import engine as engine_module
+def make_engine_server_args_factory(server_args_class):
+    """``Engine.server_args_class`` replacement accepting ``feather_*=`` keyword arguments.
 
-    shown = engine_module.redact_watermark_secrets({**kwargs, **feather_kwargs})
-    msgspec.Struct.__setattr__(
-        server_args,
-        "_launch_command",
-        "Engine(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")",
-    )
-    _attach(server_args, config)
-    return original(self, *args, server_args=server_args)
+    ``sglang.Engine.__init__`` runs ``load_plugins()`` and then builds its record with
+    ``self.server_args_class(**kwargs)``; a HookRegistry hook on ``Engine.__init__`` would be
+    applied only after the first Engine's ``__init__`` had already started, so the record's
+    construction is the seam. (HookRegistry cannot REPLACE ``server_args_class`` itself: the
+    target is the ServerArgs class, and its REPLACE would propagate the replacement to every
+    module holding ServerArgs.)
+    """
+
+    def build(**kwargs):
+        feather_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("feather_")}
+        config = FeatherConfig.from_prefixed(feather_kwargs)  # FeatherConfigError: clear message
+        if feather_kwargs and kwargs.get("schedule_policy") != POLICY_NAME:
+            logger.warning(
+                "feather options %s are ignored: schedule_policy is %r, not 'feather'",
+                ", ".join(feather_kwargs), kwargs.get("schedule_policy", "fcfs"),
+            )
+        server_args = server_args_class(**kwargs)
+        _attach(server_args, config)
+        return server_args
+
+    build.__feather__ = True
+    return staticmethod(build)
+
+
+def patch_engine(engine_module) -> None:
+    """Install the factory on ``engine_module.Engine`` (idempotent)."""
+    engine = engine_module.Engine
+    current = engine.__dict__.get("server_args_class")
+    if getattr(getattr(current, "__func__", None), "__feather__", False):
+        return
+    engine.server_args_class = make_engine_server_args_factory(engine.server_args_class)

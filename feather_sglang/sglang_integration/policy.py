@@ -57,6 +57,11 @@ class FeatherSchedulePolicy(SchedulePolicy):
         if self.feather is None:
             return super().calc_priority(waiting_queue, running_batch, processed_tokens)
         self.feather.order(waiting_queue, running_batch)
+        # NOTE: stock fcfs also prefix-matches every waiting request when the cache supports
+        # fast matching, only to report matched tokens in the load snapshot; that O(W x T)
+        # walk per pass is what feather exists to avoid, so it is skipped. Keeping waiting
+        # prefixes fresh for LRU eviction is cheap (bounded, every 32 passes) and kept.
+        self._touch_waiting_prefixes(self.policy, waiting_queue)
 
 
 class FeatherState:
@@ -100,22 +105,26 @@ class FeatherState:
     def order(self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]) -> None:
         start = time.perf_counter()
         planner, scheduler, reqs = self.planner, self.scheduler, self.reqs
-        running = {}
-        if running_batch is not None:
-            for r in running_batch.reqs:
-                running[r.rid] = r
+        if running_batch is None:
+            # Only SGLang's diffusion-LM path calls without a batch: keep what the CHT knows.
+            running = {rid: reqs[rid] for rid in planner.cht.running_ids() if rid in reqs}
+        else:
+            running = {r.rid: r for r in running_batch.reqs}
         chunked = scheduler.chunked_req
         if chunked is not None:
             running[chunked.rid] = chunked
         reqs.update(running)
-        gone = planner.sync_running({rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()})
+        # NOTE: forget each sync's departures right after it: a request forgotten as no longer
+        # running may come straight back as waiting in the next sync (re-queued without the
+        # enqueue hook) and must stay in ``reqs`` then.
+        for rid in planner.sync_running({rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()}):
+            reqs.pop(rid, None)
         if len(waiting_queue) != planner.num_waiting:
             self.resyncs += 1
+            for rid in planner.sync_waiting({r.rid: (lambda r=r: r.origin_input_ids) for r in waiting_queue}):
+                reqs.pop(rid, None)
             for r in waiting_queue:
                 reqs[r.rid] = r
-            gone += planner.sync_waiting({r.rid: (lambda r=r: r.origin_input_ids) for r in waiting_queue})
-        for rid in gone:
-            reqs.pop(rid, None)
         max_new = scheduler.get_num_allocatable_reqs(len(running_batch.reqs) if running_batch else 0)
         plan = planner.plan(
             max_new=max(max_new, 0),

@@ -38,7 +38,8 @@ def free_port() -> int:
 class SGLangServer:
     """``with SGLangServer(model, schedule_policy="feather") as server: server.url``.
 
-    ``extra_args`` are passed through to ``sglang.launch_server``; on a host without a GPU
+    ``launcher`` is ``launch_server`` (``python -m sglang.launch_server``) or ``serve``
+    (``sglang serve``). ``extra_args`` are passed through; on a host without a GPU
     the CPU flags of :data:`feather_sglang.cpu_runtime.RECOMMENDED_SERVER_FLAGS` are added
     unless ``extra_args`` already sets them.
     """
@@ -52,14 +53,21 @@ class SGLangServer:
         log_path: str | os.PathLike | None = None,
         ready_timeout_s: float = READY_TIMEOUT_S,
         env: dict[str, str] | None = None,
+        launcher: str = "launch_server",
     ) -> None:
         self.model_path = str(model_path)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready_timeout_s = ready_timeout_s
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
+        if launcher == "launch_server":
+            command = [sys.executable, "-m", "sglang.launch_server"]
+        elif launcher == "serve":  # the `sglang` console script next to this interpreter
+            command = [str(Path(sys.executable).with_name("sglang")), "serve"]
+        else:
+            raise ValueError(f"launcher must be 'launch_server' or 'serve', got {launcher!r}")
         args = [
-            sys.executable, "-m", "sglang.launch_server",
+            *command,
             "--model-path", self.model_path,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--schedule-policy", schedule_policy,
@@ -78,6 +86,7 @@ class SGLangServer:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None
+        self.killed = False
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> "SGLangServer":
@@ -99,29 +108,36 @@ class SGLangServer:
         raise ServerError(f"server not healthy after {self.ready_timeout_s:.0f} s:\n{self.log_tail()}")
 
     def stop(self) -> int:
-        """SIGINT, then SIGTERM, then SIGKILL to the whole process group. Returns the exit code."""
+        """SIGTERM to the launcher (SGLang then stops its own subprocesses); if anything of the
+        server's process group is still there after STOP_TIMEOUT_S, SIGKILL the group.
+        Returns the launcher's exit code; ``self.killed`` says whether SIGKILL was needed."""
         if self.proc is None or self.returncode is not None:
             return self.returncode or 0
-        for sig, wait_s in ((signal.SIGINT, STOP_TIMEOUT_S / 2), (signal.SIGTERM, STOP_TIMEOUT_S / 2), (signal.SIGKILL, 10)):
+        self.killed = False
+        try:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        if not self._wait_group_gone(STOP_TIMEOUT_S if self.proc.poll() is None else 10):
+            self.killed = True
             try:
-                os.killpg(self.proc.pid, sig)
+                os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+                pass
+            self._wait_group_gone(10)
         self.returncode = self.proc.wait(timeout=10)
-        self._reap_group()
         self._log.close()
         return self.returncode
 
-    def _reap_group(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # any child the launcher left behind
-        except (ProcessLookupError, PermissionError):
-            pass
+    def _wait_group_gone(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.proc.poll()  # reap the launcher itself
+            if not self.group_alive():
+                return True
+            time.sleep(0.2)
+        return not self.group_alive()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

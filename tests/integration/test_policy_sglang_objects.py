@@ -1,0 +1,721 @@
+"""The feather policy driven with SGLang's own scheduling objects (CPU, no model, no server).
+
+Real here: ``Req`` (real ``origin_input_ids`` arrays and ``SamplingParams``), ``RadixCache``
+-- and, where parametrized, ``UnifiedRadixCache``, the tree sglang 0.5.23 actually builds --
+over a real ``TokenToKVPoolAllocator`` (the running requests' tokens are inserted, so
+``match_kv_cache`` sees real hits), ``ScheduleBatch`` (built with its dataclass constructor,
+see :meth:`MiniScheduler._get_new_batch_prefill_raw`), ``ServerArgs``, SGLang's
+``SchedulePolicy`` / ``PrefillAdder`` and feather's policy, planner, CHT, agent, adder
+subclass and scheduler hook functions.
+
+Stand-in: only the *scheduler* (:class:`MiniScheduler`). It carries what feather reads from
+SGLang's ``Scheduler`` (``server_args`` -- a real ``ServerArgs`` --, ``policy``,
+``waiting_queue``, ``chunked_req``, ``get_num_allocatable_reqs``) and replays the part of
+``Scheduler._get_new_batch_prefill_raw`` (sglang 0.5.23) that feather takes part in:
+``calc_priority``, then the admission loop over the waiting queue with the PrefillAdder
+class the scheduler hook returns, wrapped in feather's AROUND hook so ``on_pass_end`` is
+called exactly as in the server. Running a batch = inserting its requests' prompt tokens
+into the radix cache (what ``cache_unfinished_req`` does after the prefill) and moving them
+into the running batch (``ScheduleBatch.merge_batch`` needs device tensors, so the ``reqs``
+list is extended directly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from array import array
+
+import pytest
+import torch
+
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, SchedulePolicy
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+from sglang.srt.mem_cache.unified_cache.components import ComponentType
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+from sglang.srt.runtime_context import publish, reset_context
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+
+from feather_sglang.cht import MemoryFootprint, RequestState
+from feather_sglang.config import FeatherConfig
+from feather_sglang.sglang_integration import policy as policy_mod
+from feather_sglang.sglang_integration.policy import FeatherSchedulePolicy
+
+EMPTY = MemoryFootprint(0, 0, 0, 0, 0, 0)
+CHUNK = FeatherConfig().chunk_size  # 50 tokens
+# A group prefix of 8 chunks: another group's request shortens the batch's shared prefix by
+# 8 chunks, more than the static agent's crowded limit (7), so the agent STOPs before it.
+PREFIX_TOKENS = 8 * CHUNK
+SUFFIX_TOKENS = 60  # unique per request: 2 more chunks (50 + 10 tokens)
+GROUPS = 3
+PER_GROUP = 6
+
+
+# ---- SGLang's process context ------------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def sglang_context():
+    """SchedulePolicy.calc_priority reads the published config (disagg mode, eviction policy)."""
+    reset_context()
+    publish(ServerArgs(model_path="dummy", device="cpu"), role="scheduler")
+    yield
+    reset_context()
+
+
+# ---- requests ----------------------------------------------------------------------------
+def prompt(group: int, index: int) -> list[int]:
+    prefix = [10_000 * (group + 1) + i for i in range(PREFIX_TOKENS)]
+    suffix = [1_000_000 + 1_000 * (group * 100 + index) + j for j in range(SUFFIX_TOKENS)]
+    return prefix + suffix
+
+
+def make_req(rid: str, tokens, max_new_tokens: int = 16, **kwargs) -> Req:
+    return Req(
+        rid=rid,
+        origin_input_text="",
+        origin_input_ids=array("q", tokens),
+        sampling_params=SamplingParams(temperature=0, max_new_tokens=max_new_tokens),
+        **kwargs,
+    )
+
+
+def group_of(rid: str) -> int:
+    return int(rid[1:].split("-")[0])
+
+
+def grouped_reqs(groups: int = GROUPS, per_group: int = PER_GROUP, seed: int = 0) -> list[Req]:
+    reqs = [make_req(f"g{g}-{m}", prompt(g, m)) for g in range(groups) for m in range(per_group)]
+    random.Random(seed).shuffle(reqs)
+    return reqs
+
+
+def rids(reqs) -> list[str]:
+    return [r.rid for r in reqs]
+
+
+# ---- the scheduler stand-in -------------------------------------------------------------
+@dataclasses.dataclass
+class PassRecord:
+    order: list[str]  # waiting-queue rids right after calc_priority
+    plan: frozenset  # feather's plan for the pass (empty for stock policies)
+    admitted: list[str]  # what the PrefillAdder took
+    refused: tuple | None  # (rid, AddReqResult) that ended the admission loop, if any
+
+
+class MiniScheduler:
+    """What feather reads from sglang's Scheduler, plus its prefill pass (see module doc)."""
+
+    def __init__(
+        self,
+        policy: str = "feather",
+        config: FeatherConfig | None = None,
+        disable_radix: bool = False,
+        max_running_requests: int = 64,
+        pool_tokens: int = 1 << 16,
+        max_prefill_tokens: int = 16384,
+        chunked_prefill_size: int | None = None,
+        cache: str = "radix",
+    ) -> None:
+        self.server_args = ServerArgs(model_path="dummy", device="cpu", schedule_policy=policy)
+        if config is not None:
+            self.server_args._feather_config = config  # as the --feather-* flags attach it
+        self.page_size = 1
+        self.allocator = TokenToKVPoolAllocator(pool_tokens, torch.float16, "cpu", None, False)
+        if cache == "radix":
+            self.tree_cache = RadixCache(
+                CacheInitParams(
+                    disable=disable_radix,
+                    req_to_token_pool=None,
+                    token_to_kv_pool_allocator=self.allocator,
+                    page_size=self.page_size,
+                )
+            )
+        else:  # what sglang 0.5.23's default_radix_cache_factory builds for a plain model
+            self.tree_cache = UnifiedRadixCache(
+                CacheInitParams(
+                    disable=disable_radix,
+                    req_to_token_pool=ReqToTokenPool(
+                        size=max_running_requests, max_context_len=1024, device="cpu",
+                        enable_memory_saver=False,
+                    ),
+                    token_to_kv_pool_allocator=self.allocator,
+                    page_size=self.page_size,
+                    tree_components=(ComponentType.FULL,),
+                )
+            )
+        self.max_running_requests = max_running_requests
+        self.max_prefill_tokens = max_prefill_tokens
+        self.chunked_prefill_size = chunked_prefill_size
+        self.new_token_ratio = 0.7
+        self.waiting_queue: list[Req] = []
+        self.running_batch = ScheduleBatch(reqs=[])
+        self.chunked_req: Req | None = None
+        self.passes: list[PassRecord] = []
+        # Scheduler.init_schedule_policy, then feather's AFTER hook on it.
+        self.policy = FeatherSchedulePolicy(policy, self.tree_cache, False, False, False)
+        policy_mod.init_schedule_policy_after(None, self)
+
+    @property
+    def feather(self):
+        return self.policy.feather
+
+    # Scheduler.get_num_allocatable_reqs without PP / beam search: free request rows.
+    def get_num_allocatable_reqs(self, running_bs, *args, **kwargs) -> int:
+        return self.max_running_requests - running_bs
+
+    def get_prefill_adder_class(self):
+        return policy_mod.get_prefill_adder_class_around(lambda _self: PrefillAdder, self)
+
+    # Scheduler._add_request_to_queue (NULL disaggregation) with feather's AFTER hook.
+    def add_request(self, req: Req, is_retracted: bool = False) -> None:
+        self.waiting_queue.append(req)
+        req.time_stats.set_wait_queue_entry_time()
+        policy_mod.add_request_to_queue_after(None, self, req, is_retracted)
+
+    def _get_new_batch_prefill_raw(self):
+        running_batch = self.running_batch
+        if not self.waiting_queue and self.chunked_req is None:
+            return None, running_batch
+        if self.get_num_allocatable_reqs(len(running_batch.reqs)) <= 0 and self.chunked_req is None:
+            return None, running_batch
+        self.policy.calc_priority(self.waiting_queue, running_batch)
+        plan = self.feather.plan_rids if self.feather is not None else frozenset()
+        record = PassRecord(rids(self.waiting_queue), frozenset(plan), [], None)
+        self.passes.append(record)
+        adder = self.get_prefill_adder_class()(
+            self.page_size,
+            self.tree_cache,
+            self.allocator,
+            running_batch,
+            self.new_token_ratio,
+            self.max_prefill_tokens,
+            self.chunked_prefill_size,
+            max_running_requests=self.max_running_requests,
+            waiting_queue_len=len(self.waiting_queue),
+        )
+        if self.chunked_req is not None:  # the next chunk of a chunked prefill goes first
+            self.chunked_req.init_next_round_input()
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        for req in self.waiting_queue:
+            if adder.budget_state() == AddReqResult.OTHER:
+                break
+            if len(adder.can_run_list) >= self.get_num_allocatable_reqs(len(running_batch.reqs)):
+                break
+            req.init_next_round_input(self.tree_cache)
+            res = adder.add_one_req(
+                req, has_chunked_req=self.chunked_req is not None, truncation_align_size=None
+            )
+            if res != AddReqResult.CONTINUE:
+                if not (adder.can_run_list and adder.can_run_list[-1] is req):
+                    record.refused = (req.rid, res)
+                break
+        can_run = adder.can_run_list
+        record.admitted = rids(can_run)
+        if not can_run:
+            return None, running_batch
+        taken = set(can_run)
+        self.waiting_queue = [r for r in self.waiting_queue if r not in taken]
+        if adder.new_chunked_req is not None:
+            assert self.chunked_req is None
+            self.chunked_req = adder.new_chunked_req
+        # ScheduleBatch.init_new needs a req_to_token pool and a model config; the dataclass
+        # constructor gives the same object with the fields feather and the tests read.
+        return ScheduleBatch(reqs=list(can_run), chunked_req=self.chunked_req), running_batch
+
+    def prefill_pass(self) -> PassRecord | None:
+        """One scheduling pass; returns its record (None if no calc_priority was needed)."""
+        before = len(self.passes)
+        new_batch, _ = policy_mod.get_new_batch_prefill_raw_around(
+            MiniScheduler._get_new_batch_prefill_raw, self
+        )
+        self.last_new_batch = new_batch
+        return self.passes[-1] if len(self.passes) > before else None
+
+    # ---- the forward step, as far as the radix cache and the running batch see it ------
+    def cache_tokens(self, tokens) -> None:
+        tokens = array("q", tokens)
+        value = self.allocator.alloc(len(tokens))
+        result = self.tree_cache.insert(InsertParams(key=RadixKey(tokens), value=value))
+        self.allocator.free(value[: result.prefix_len])  # the part already cached
+
+    def run(self, new_batch: ScheduleBatch | None) -> None:
+        """The prefill ran: its requests' prompts are cached and they decode from now on."""
+        if new_batch is None:
+            return
+        for req in new_batch.reqs:
+            if req is self.chunked_req:
+                # Scheduler.stash_chunked_request -> checkpoint_kv_cache
+                self.cache_tokens(req.origin_input_ids[: req.extend_end])
+                req.prefix_len = req.extend_end
+            else:
+                self.cache_tokens(req.origin_input_ids)
+                self.running_batch.reqs.append(req)
+
+    def step(self) -> PassRecord | None:
+        record = self.prefill_pass()
+        self.run(self.last_new_batch)
+        return record
+
+    def finish(self, *finished: str) -> None:
+        gone = set(finished)
+        self.running_batch.reqs = [r for r in self.running_batch.reqs if r.rid not in gone]
+
+    def abort_waiting(self, rid: str) -> None:
+        """Scheduler.abort_request on a waiting request: popped without telling the policy."""
+        self.waiting_queue = [r for r in self.waiting_queue if r.rid != rid]
+
+    def retract(self, rid: str) -> Req:
+        """ScheduleBatch.retract_decode + _add_request_to_queue(req, is_retracted=True)."""
+        (req,) = [r for r in self.running_batch.reqs if r.rid == rid]
+        self.running_batch.reqs.remove(req)
+        self.add_request(req, is_retracted=True)
+        return req
+
+    # ---- what feather's planner believes --------------------------------------------------
+    def state(self, rid: str) -> RequestState | None:
+        cht = self.feather.planner.cht
+        return cht.state(rid) if rid in cht else None
+
+    def footprint(self) -> MemoryFootprint:
+        return self.feather.planner.cht.memory_footprint()
+
+
+def leader_cycle(sched: MiniScheduler, reqs: list[Req]):
+    """Enqueue ``reqs``, run the prefix-leader pass; return (leader rid, its group's rids)."""
+    for r in reqs:
+        sched.add_request(r)
+    first = sched.step()
+    assert first.admitted and len(first.admitted) == 1, first
+    leader = first.admitted[0]
+    return leader, {r.rid for r in reqs if group_of(r.rid) == group_of(leader)} - {leader}
+
+
+# ---- 1. stock policies -------------------------------------------------------------------
+STOCK_ARRIVALS = [(2, 0), (0, 1), (1, 1), (2, 1), (0, 2), (3, 0), (1, 2), (2, 2)]
+
+
+def stock_world(policy_cls, policy: str):
+    """A radix cache with a few prefixes cached, a running batch and a mixed queue."""
+    allocator = TokenToKVPoolAllocator(1 << 15, torch.float16, "cpu", None, False)
+    cache = RadixCache(CacheInitParams(False, None, allocator, 1))
+    cached = [prompt(0, 99), prompt(1, 99)[: PREFIX_TOKENS // 2], list(range(5, 45))]
+    for tokens in cached:
+        value = allocator.alloc(len(tokens))
+        res = cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=value))
+        allocator.free(value[: res.prefix_len])
+    queue = []
+    for i, (g, m) in enumerate(STOCK_ARRIVALS):
+        queue.append(
+            make_req(f"g{g}-{m}", prompt(g, m), max_new_tokens=8 + 7 * ((i * 5) % 8),
+                     routing_key=f"k{g % 2}")
+        )
+    queue.append(make_req("x-0", list(range(5, 80)), max_new_tokens=3, routing_key="k0"))
+    running = ScheduleBatch(
+        reqs=[make_req("run-0", prompt(0, 98), routing_key="k1"),
+              make_req("run-1", prompt(1, 98), routing_key="k1")]
+    )
+    return policy_cls(policy, cache, False, False, False), queue, running
+
+
+@pytest.mark.parametrize(
+    "policy", ["lpm", "fcfs", "dfs-weight", "lof", "random", "routing-key", "hrrn"]
+)
+def test_stock_policies_order_exactly_like_sglang(policy):
+    assert FeatherSchedulePolicy.__mro__[1] is SchedulePolicy
+    theirs, their_queue, their_running = stock_world(SchedulePolicy, policy)
+    ours, our_queue, our_running = stock_world(FeatherSchedulePolicy, policy)
+    assert ours.feather is None
+    assert ours.policy == theirs.policy
+    random.seed(1234)
+    theirs.calc_priority(their_queue, their_running, processed_tokens=5000)
+    random.seed(1234)
+    ours.calc_priority(our_queue, our_running, processed_tokens=5000)
+    assert rids(our_queue) == rids(their_queue)
+    # Same side effects on the requests (the matched prefixes the adder will use).
+    assert [r.prefix_len for r in our_queue] == [r.prefix_len for r in their_queue]
+    arrival_order = [f"g{g}-{m}" for g, m in STOCK_ARRIVALS] + ["x-0"]
+    if policy in ("lpm", "dfs-weight", "lof", "routing-key"):  # the inputs made a difference
+        assert rids(our_queue) != arrival_order
+
+
+def test_feather_policy_keeps_fcfs_underneath():
+    sched = MiniScheduler("feather")
+    assert sched.policy.policy == SchedulePolicy("fcfs", sched.tree_cache, False, False, False).policy
+    assert sched.feather is not None and sched.feather.scheduler is sched
+    assert sched.feather.radix_enabled
+    assert issubclass(sched._feather_adder_class, PrefillAdder)
+    assert sched.get_prefill_adder_class() is sched._feather_adder_class
+
+
+# ---- 2. prefix leader, then the rest of its group ---------------------------------------
+CACHES = pytest.mark.parametrize("cache", ["radix", "unified"])
+
+
+@CACHES
+def test_prefix_leader_then_its_group_only(cache):
+    sched = MiniScheduler("feather", cache=cache)
+    reqs = grouped_reqs()
+    for r in reqs:
+        sched.add_request(r)
+    assert sched.feather.planner.num_waiting == GROUPS * PER_GROUP
+
+    first = sched.prefill_pass()
+    # Nothing cached, nothing running: one request of the earliest arrival's group is planned
+    # alone (it computes the group prefix once), and the real adder stops right after it.
+    assert first.plan == {reqs[0].rid}
+    assert first.order[0] == reqs[0].rid
+    assert first.order[1:] == rids(reqs[1:])  # the rest keeps its order
+    assert first.admitted == [reqs[0].rid]
+    assert first.refused == (reqs[1].rid, AddReqResult.OTHER)
+    assert sched.feather.plan_rids == frozenset()  # on_pass_end cleared the plan
+    assert sched.feather.planner.stats.stops == {"prefix-leader": 1}
+    leader = reqs[0].rid
+    group = {r.rid for r in reqs if group_of(r.rid) == group_of(leader)} - {leader}
+    assert sched.state(leader) is RequestState.RUNNING
+    sched.run(sched.last_new_batch)
+
+    # The leader's prompt is in the radix cache now: its group mates match the whole prefix.
+    mate = next(r for r in sched.waiting_queue if r.rid in group)
+    assert sched.feather._cached_prefix_tokens(mate.rid) == PREFIX_TOKENS
+
+    queue_before = rids(sched.waiting_queue)
+    second = sched.prefill_pass()
+    assert second.plan == group  # every mate, and nobody else (the agent STOPs)
+    assert set(second.order[: len(group)]) == group
+    assert second.order[len(group):] == [rid for rid in queue_before if rid not in group]
+    assert sched.feather.planner.stats.stops == {"prefix-leader": 1, "agent": 1}
+    # The real adder took exactly the plan (each with a 400-token cache hit) and stopped at
+    # the first request of another group.
+    assert set(second.admitted) == group
+    assert second.refused is not None and second.refused[1] is AddReqResult.OTHER
+    assert group_of(second.refused[0]) != group_of(leader)
+    assert all(r.prefix_len == PREFIX_TOKENS for r in sched.last_new_batch.reqs)
+    sched.run(sched.last_new_batch)
+    assert all(group_of(rid) != group_of(leader) for rid in rids(sched.waiting_queue))
+
+    # Nothing more of this group waits: the next group starts (again with a leader) once the
+    # first group's requests finish.
+    sched.finish(*rids(sched.running_batch.reqs))
+    third = sched.step()
+    assert len(third.plan) == 1 and third.admitted == list(third.plan)
+    assert group_of(third.admitted[0]) != group_of(leader)
+
+
+def test_waiting_queue_is_reordered_in_place():
+    sched = MiniScheduler("feather")
+    leader, group = leader_cycle(sched, grouped_reqs(seed=3))
+    queue = sched.waiting_queue
+    before = list(queue)
+    sched.policy.calc_priority(queue, sched.running_batch)
+    assert queue is sched.waiting_queue  # same list object, reordered
+    assert sorted(rids(queue)) == sorted(rids(before)) and len(queue) == len(before)
+    assert set(rids(queue)[: len(group)]) == group == set(sched.feather.plan_rids)
+    sched.feather.on_pass_end(None)
+
+
+def test_adder_refuses_unplanned_request_before_touching_budgets():
+    sched = MiniScheduler("feather")
+    reqs = grouped_reqs()
+    for r in reqs:
+        sched.add_request(r)
+    sched.policy.calc_priority(sched.waiting_queue, sched.running_batch)
+    planned = sched.waiting_queue[0]
+    unplanned = sched.waiting_queue[1]
+    assert planned.rid in sched.feather.plan_rids and unplanned.rid not in sched.feather.plan_rids
+    adder = sched.get_prefill_adder_class()(
+        1, sched.tree_cache, sched.allocator, sched.running_batch, 0.7, 16384, None
+    )
+    budget = (adder.rem_total_tokens, adder.rem_input_tokens)
+    unplanned.init_next_round_input(sched.tree_cache)
+    assert adder.add_one_req(unplanned, False, None) is AddReqResult.OTHER
+    assert adder.can_run_list == [] and (adder.rem_total_tokens, adder.rem_input_tokens) == budget
+    planned.init_next_round_input(sched.tree_cache)
+    assert adder.add_one_req(planned, False, None) is AddReqResult.CONTINUE
+    assert adder.can_run_list == [planned] and adder.rem_input_tokens < budget[1]
+    sched.feather.on_pass_end(ScheduleBatch(reqs=[planned]))
+    assert sched.state(planned.rid) is RequestState.RUNNING
+
+
+# ---- 3. starvation bound -----------------------------------------------------------------
+def starvation_scenario(config: FeatherConfig | None):
+    """Group 0 runs (leader + mates); an old group-1 request waits behind fresh group-0 ones."""
+    sched = MiniScheduler("feather", config=config)
+    leader = make_req("g0-0", prompt(0, 0))
+    sched.add_request(leader)
+    assert sched.step().admitted == ["g0-0"]
+    old = make_req("g1-0", prompt(1, 0))
+    sched.add_request(old)
+    time.sleep(0.15)
+    for m in range(1, PER_GROUP):
+        sched.add_request(make_req(f"g0-{m}", prompt(0, m)))
+    return sched, sched.step()
+
+
+def test_agent_alone_stops_before_the_other_group():
+    sched, record = starvation_scenario(None)  # default max_wait_s: 60 s
+    assert record.plan == {f"g0-{m}" for m in range(1, PER_GROUP)}
+    assert "g1-0" not in record.admitted and rids(sched.waiting_queue) == ["g1-0"]
+
+
+def test_starved_request_is_planned_first():
+    sched, record = starvation_scenario(FeatherConfig(max_wait_s=0.1))
+    assert sched.feather.planner.config.max_wait_s == 0.1  # read from server_args
+    assert record.order[0] == "g1-0"
+    assert "g1-0" in record.plan and record.admitted[0] == "g1-0"
+    assert sched.feather.planner.stats.starved == 1
+    assert sched.state("g1-0") is RequestState.RUNNING
+
+
+# ---- 4. finish / abort / retract ---------------------------------------------------------
+def test_finished_requests_are_forgotten_and_memory_returns_to_baseline():
+    sched = MiniScheduler("feather")
+    reqs = grouped_reqs()
+    for r in reqs:
+        sched.add_request(r)
+    seen = set()
+    for _ in range(40):
+        record = sched.step()
+        if record is not None:
+            seen.update(record.admitted)
+        # Every request that ran a step finishes (oldest half first, like short outputs).
+        running = rids(sched.running_batch.reqs)
+        sched.finish(*running[: max(1, len(running) // 2)])
+        if not sched.waiting_queue and not sched.running_batch.reqs:
+            break
+    assert seen == {r.rid for r in reqs}
+    assert sched.prefill_pass() is None  # nothing to do: calc_priority is not even called
+    # The scheduler skips calc_priority with an empty queue; the next pass that runs one
+    # forgets the last finished requests.
+    sched.policy.calc_priority(sched.waiting_queue, sched.running_batch)
+    sched.feather.on_pass_end(None)
+    assert sched.footprint() == EMPTY
+    assert sched.feather.reqs == {}
+    assert sched.feather.planner._waiting_since == {}
+
+
+def test_aborted_waiting_request_is_reconciled_next_pass():
+    sched = MiniScheduler("feather")
+    leader, group = leader_cycle(sched, grouped_reqs())
+    victim = sorted(group)[0]
+    other = next(r.rid for r in sched.waiting_queue if r.rid not in group)
+    sched.abort_waiting(victim)
+    sched.abort_waiting(other)
+    resyncs = sched.feather.resyncs
+    record = sched.step()
+    assert sched.feather.resyncs == resyncs + 1
+    assert victim not in record.plan and victim not in record.order
+    assert record.plan == group - {victim}
+    assert victim not in sched.feather.planner.cht and other not in sched.feather.planner.cht
+    assert victim not in sched.feather.reqs and other not in sched.feather.reqs
+    assert sched.feather.planner.num_waiting == len(sched.waiting_queue)
+    # Steady state again: no further resyncs.
+    sched.finish(*rids(sched.running_batch.reqs))
+    sched.step()
+    assert sched.feather.resyncs == resyncs + 1
+
+
+def test_retracted_request_waits_again_and_is_replanned():
+    sched = MiniScheduler("feather")
+    leader, group = leader_cycle(sched, grouped_reqs())
+    sched.step()  # the group joins the leader
+    victim = sorted(group)[-1]
+    assert sched.state(victim) is RequestState.RUNNING
+    retracted = sched.retract(victim)
+    assert sched.state(victim) is RequestState.WAITING
+    assert sched.feather.planner.num_waiting == len(sched.waiting_queue)
+    # Its group still runs, its prefix is cached: it fits the batch best and is re-planned.
+    record = sched.step()
+    assert sched.feather.resyncs == 0
+    assert record.order[0] == victim and victim in record.plan
+    assert victim in record.admitted
+    assert retracted in sched.running_batch.reqs
+    assert sched.state(victim) is RequestState.RUNNING
+
+
+def test_request_finishing_in_its_prefill_is_forgotten():
+    # max_new_tokens=1 requests finish in the prefill step and never join the running batch.
+    sched = MiniScheduler("feather")
+    leader, group = leader_cycle(sched, grouped_reqs())
+    record = sched.prefill_pass()
+    assert set(record.admitted) == group  # admitted, then finished before decoding
+    assert all(sched.state(rid) is RequestState.RUNNING for rid in group)
+    sched.step()
+    assert all(sched.state(rid) is None and rid not in sched.feather.reqs for rid in group)
+    assert sched.state(leader) is RequestState.RUNNING
+
+
+def test_running_request_requeued_without_the_hook_is_reconciled():
+    # sglang's scheduler_pp_mixin.process_retract_queue puts requests back with
+    # waiting_queue.extend(...), bypassing _add_request_to_queue (and feather's hook).
+    sched = MiniScheduler("feather")
+    leader, group = leader_cycle(sched, grouped_reqs())
+    sched.step()
+    victim = next(r for r in sched.running_batch.reqs if r.rid in group)
+    sched.running_batch.reqs.remove(victim)
+    sched.waiting_queue.append(victim)
+    record = sched.step()
+    assert sched.feather.resyncs == 1
+    assert victim.rid in record.plan
+    assert sched.state(victim.rid) is RequestState.RUNNING
+
+
+# ---- 5. rollback -------------------------------------------------------------------------
+def test_planned_but_not_admitted_requests_roll_back():
+    sched = MiniScheduler("feather")
+    leader, group = leader_cycle(sched, grouped_reqs())
+    sched.policy.calc_priority(sched.waiting_queue, sched.running_batch)
+    planned = list(sched.feather.plan_rids)
+    assert set(planned) == group
+    assert all(sched.state(rid) is RequestState.RUNNING for rid in planned)
+    taken = [r for r in sched.waiting_queue if r.rid in group][:2]
+    sched.feather.on_pass_end(ScheduleBatch(reqs=taken))
+    left = group - set(rids(taken))
+    assert all(sched.state(r.rid) is RequestState.RUNNING for r in taken)
+    assert all(sched.state(rid) is RequestState.WAITING for rid in left)
+    assert sched.feather.planner.stats.rolled_back == len(left)
+    sched.waiting_queue = [r for r in sched.waiting_queue if r not in taken]
+    sched.run(ScheduleBatch(reqs=taken))
+    assert sched.feather.planner.num_waiting == len(sched.waiting_queue)
+    record = sched.step()
+    assert left <= record.plan and left <= set(record.admitted)
+    assert sched.feather.resyncs == 0
+    assert all(sched.state(rid) is RequestState.RUNNING for rid in left)
+
+
+def test_rollback_does_not_inflate_the_agent_floor():
+    sched = MiniScheduler("feather")
+    leader, group = leader_cycle(sched, grouped_reqs())
+    sched.policy.calc_priority(sched.waiting_queue, sched.running_batch)
+    taken = [r for r in sched.waiting_queue if r.rid in group][:2]
+    sched.feather.on_pass_end(ScheduleBatch(reqs=taken))
+    sched.waiting_queue = [r for r in sched.waiting_queue if r not in taken]
+    sched.run(ScheduleBatch(reqs=taken))
+    record = sched.step()
+    # Had the adder taken all five at once, the batch would be the same six group requests
+    # and the agent would STOP before any other group (floor 5 <= batch 6, loss 8 > 7).
+    left = group - set(rids(taken))
+    assert record.plan == left
+    assert sched.feather.planner.agent.floor == PER_GROUP - 1
+
+
+def test_adder_out_of_budget_rolls_back_the_rest_of_the_plan():
+    # A real budget limit: 2 mates' extends (60 tokens each) fit in 150 input tokens.
+    sched = MiniScheduler("feather", max_prefill_tokens=150)
+    leader, group = leader_cycle(sched, grouped_reqs())
+    record = sched.step()
+    assert record.plan == group
+    assert len(record.admitted) == 2 and record.refused is not None
+    assert record.refused[0] in group  # the budget, not the plan, stopped the adder
+    left = group - set(record.admitted)
+    assert all(sched.state(rid) is RequestState.WAITING for rid in left)
+    assert sched.feather.planner.num_waiting == len(sched.waiting_queue)
+    again = sched.step()
+    assert left <= again.plan and set(again.admitted) <= left and len(again.admitted) == 2
+
+
+def test_unconsumed_plan_is_rolled_back_next_pass():
+    sched = MiniScheduler("feather")
+    leader, group = leader_cycle(sched, grouped_reqs())
+    sched.policy.calc_priority(sched.waiting_queue, sched.running_batch)  # no on_pass_end
+    assert set(sched.feather.plan_rids) == group
+    record = sched.step()
+    assert record.plan == group and set(record.admitted) == group
+    assert sched.feather.planner.stats.rolled_back == len(group)
+
+
+def test_admitted_plan_without_on_pass_end_is_not_replanned():
+    sched = MiniScheduler("feather")
+    leader, group = leader_cycle(sched, grouped_reqs())
+    sched.policy.calc_priority(sched.waiting_queue, sched.running_batch)
+    taken = [r for r in sched.waiting_queue if r.rid in sched.feather.plan_rids]
+    # The scheduler admitted the plan, but no on_pass_end came.
+    sched.waiting_queue = [r for r in sched.waiting_queue if r not in taken]
+    sched.run(ScheduleBatch(reqs=taken))
+    sched.policy.calc_priority(sched.waiting_queue, sched.running_batch)
+    running = set(rids(sched.running_batch.reqs))
+    assert not running & set(rids(sched.waiting_queue))
+    assert all(sched.state(rid) is RequestState.RUNNING for rid in running)
+
+
+# ---- 6. radix cache disabled -------------------------------------------------------------
+@CACHES
+def test_radix_cache_disabled_still_plans_homogeneous_batches(caplog, cache):
+    with caplog.at_level(logging.WARNING, logger=policy_mod.__name__):
+        sched = MiniScheduler("feather", disable_radix=True, cache=cache)
+    assert sched.tree_cache.disable and not sched.feather.radix_enabled
+    assert any("radix cache disabled" in rec.getMessage() for rec in caplog.records)
+    reqs = grouped_reqs()
+    for r in reqs:
+        sched.add_request(r)
+    record = sched.step()
+    first_group = group_of(reqs[0].rid)
+    # No prefix leader: the whole group of the first arrival at once, nothing else.
+    assert record.plan == {r.rid for r in reqs if group_of(r.rid) == first_group}
+    assert set(record.admitted) == record.plan
+    assert "prefix-leader" not in sched.feather.planner.stats.stops
+    assert all(r.prefix_len == 0 for r in sched.last_new_batch.reqs)
+    sched.finish(*rids(sched.running_batch.reqs))
+    record = sched.step()
+    assert len({group_of(rid) for rid in record.plan}) == 1 and len(record.plan) == PER_GROUP
+
+
+def test_radix_cache_disabled_with_simulated_cache():
+    cache = RadixCache.create_simulated(disable=True)
+    policy = FeatherSchedulePolicy("feather", cache, False, False, False)
+    sched = MiniScheduler("feather")
+    policy.feather.attach(sched)
+    assert not policy.feather.radix_enabled
+    queue = grouped_reqs()
+    for r in queue:
+        policy.feather.on_enqueue(r)
+    policy.calc_priority(queue, ScheduleBatch(reqs=[]))
+    assert len(policy.feather.plan_rids) == PER_GROUP
+    assert {group_of(rid) for rid in policy.feather.plan_rids} == {group_of(queue[0].rid)}
+    assert set(rids(queue[:PER_GROUP])) == policy.feather.plan_rids
+
+
+# ---- 7. chunked request ------------------------------------------------------------------
+@CACHES
+def test_chunked_request_counts_as_running(cache):
+    # 200-token chunks: the 460-token leader takes three passes (200 + 200 + 60).
+    sched = MiniScheduler("feather", chunked_prefill_size=4 * CHUNK, cache=cache)
+    reqs = grouped_reqs()
+    for r in reqs:
+        sched.add_request(r)
+    first = sched.step()
+    leader = first.admitted[0]
+    # The real adder chunked the leader: it is the scheduler's chunked_req, outside the
+    # running batch (the scheduler keeps it out of the merge until its last chunk).
+    assert sched.chunked_req is not None and sched.chunked_req.rid == leader
+    assert sched.running_batch.reqs == []
+    group = {r.rid for r in reqs if group_of(r.rid) == group_of(leader)} - {leader}
+    cht = sched.feather.planner.cht
+
+    second = sched.step()  # the middle chunk uses the whole chunk budget
+    assert sched.chunked_req is not None and sched.chunked_req.rid == leader
+    assert second.admitted == [leader]
+    assert sched.state(leader) is RequestState.RUNNING  # not forgotten
+    assert leader in sched.feather.reqs and cht.num_running == 1
+    # Deficits are relative to the chunked request: a mate misses only its own 2 chunks.
+    waiting_mates = [rid for rid in group if sched.state(rid) is RequestState.WAITING]
+    assert waiting_mates and all(cht.deficit(rid) == 2 for rid in waiting_mates)
+    assert second.plan and second.plan <= group
+
+    third = sched.step()  # the last chunk; the leader joins the running batch after it
+    assert third.admitted[0] == leader
+    # A mate may have been chunked in turn with what was left of the chunk budget.
+    assert sched.chunked_req is None or sched.chunked_req.rid in group
+    assert third.plan and third.plan <= group and set(third.admitted[1:]) <= group
+    assert leader in rids(sched.running_batch.reqs)
+    assert sched.state(leader) is RequestState.RUNNING
+
+    sched.finish(leader)
+    sched.step()
+    assert sched.state(leader) is None and leader not in sched.feather.reqs

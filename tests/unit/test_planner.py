@@ -1,0 +1,123 @@
+"""The planner (one scheduling pass, SGLang-free) with a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from feather_sglang.config import FeatherConfig
+from feather_sglang.planner import AdmissionPlanner
+
+CHUNK = 4
+
+
+def prompt(group: int, i: int, prefix_chunks: int = 10) -> list[int]:
+    return [1000 * (group + 1) + t for t in range(prefix_chunks * CHUNK)] + [7, 7, i, i]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def planner_with(clock, **overrides):
+    return AdmissionPlanner(FeatherConfig(chunk_size=CHUNK, **overrides), clock=clock)
+
+
+def arrive(planner, rids):
+    for rid in rids:
+        g, i = rid.split("-")
+        planner.on_enqueue(rid, prompt(int(g[1:]), int(i)))
+
+
+def test_empty_batch_admits_one_group_then_stops_at_the_next(clock):
+    p = planner_with(clock)
+    arrive(p, ["g0-0", "g1-0", "g0-1", "g1-1", "g0-2"])
+    plan = p.plan(max_new=10)
+    assert plan.rids == ["g0-0", "g0-1", "g0-2"]  # best: earliest arrival, then its group
+    assert plan.stop_reason == "agent"  # g1 would cut the shared chain from 10 chunks to 0
+    p.end_pass(plan.rids)
+    assert p.cht.num_running == 3 and p.num_waiting == 2
+
+
+def test_limit_and_rollback(clock):
+    p = planner_with(clock)
+    arrive(p, ["g0-0", "g0-1", "g0-2"])
+    plan = p.plan(max_new=2)
+    assert plan.rids == ["g0-0", "g0-1"] and plan.stop_reason == "limit"
+    p.end_pass(["g0-0"])  # the scheduler took only one (token budget)
+    assert p.cht.num_running == 1 and p.num_waiting == 2
+    assert p.plan(max_new=5).rids == ["g0-1", "g0-2"]
+
+
+def test_unconsumed_plan_is_rolled_back_by_the_next_plan(clock):
+    p = planner_with(clock)
+    arrive(p, ["g0-0", "g0-1"])
+    p.plan(max_new=5)
+    assert p.cht.num_running == 2
+    plan = p.plan(max_new=5)  # no end_pass in between: the first plan is undone first
+    assert plan.rids == ["g0-0", "g0-1"]
+
+
+def test_starvation_bound_admits_the_old_request_first(clock):
+    p = planner_with(clock, max_wait_s=10)
+    arrive(p, ["g0-0", "g0-1"])
+    p.end_pass(p.plan(max_new=10).rids)  # g0 runs
+    arrive(p, ["g1-0"])
+    clock.now = 5
+    arrive(p, ["g0-2"])
+    plan = p.plan(max_new=10)
+    assert plan.rids == ["g0-2"] and plan.starved == 0  # g1 would break the chain: STOP
+    p.end_pass(plan.rids)
+    clock.now = 11  # g1-0 has now waited 11 s > 10 s
+    plan = p.plan(max_new=10)
+    assert plan.rids == ["g1-0"] and plan.starved == 1
+
+
+def test_prefix_leader_admits_one_of_an_uncached_group(clock):
+    p = planner_with(clock)
+    arrive(p, ["g0-0", "g0-1", "g0-2"])
+    plan = p.plan(max_new=10, cached_prefix_tokens=lambda rid: 0)
+    assert plan.rids == ["g0-0"] and plan.stop_reason == "prefix-leader"
+    p.end_pass(plan.rids)
+    cached = 10 * CHUNK  # the leader's prefill put the shared prefix in the radix cache
+    plan = p.plan(max_new=10, cached_prefix_tokens=lambda rid: cached)
+    assert plan.rids == ["g0-1", "g0-2"]
+
+
+def test_prefix_leader_off(clock):
+    p = planner_with(clock, prefix_leader=False)
+    arrive(p, ["g0-0", "g0-1"])
+    assert p.plan(max_new=10, cached_prefix_tokens=lambda rid: 0).rids == ["g0-0", "g0-1"]
+
+
+def test_sync_running_forgets_finished_and_memory_returns_to_baseline(clock):
+    p = planner_with(clock)
+    arrive(p, ["g0-0", "g0-1", "g1-0"])
+    p.end_pass(p.plan(max_new=10).rids)
+    gone = p.sync_running({})  # everything running finished
+    assert sorted(gone) == ["g0-0", "g0-1"]
+    assert p.plan(max_new=10).rids == ["g1-0"]
+    p.end_pass(["g1-0"])
+    p.sync_running({})
+    assert p.num_waiting == 0 and p.cht.num_running == 0
+    fp = p.cht.memory_footprint()
+    assert (fp.requests, fp.working_set_keys, fp.reverse_index_keys) == (0, 0, 0)
+
+
+def test_retraction_and_abort_reconciliation(clock):
+    p = planner_with(clock)
+    arrive(p, ["g0-0", "g0-1"])
+    p.end_pass(p.plan(max_new=10).rids)
+    p.on_enqueue("g0-1", prompt(0, 1))  # retracted by the scheduler under memory pressure
+    assert p.num_waiting == 1 and p.cht.num_running == 1
+    arrive(p, ["g1-0"])
+    gone = p.sync_waiting({"g0-1": lambda: prompt(0, 1)})  # g1-0 was aborted while waiting
+    assert gone == ["g1-0"] and p.num_waiting == 1
