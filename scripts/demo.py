@@ -34,13 +34,15 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=4, help="distinct shared system prompts")
     parser.add_argument("--per-group", type=int, default=8, help="requests per system prompt")
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--prefix-repeat", type=int, default=40,
+                        help="times the system-prompt sentence is repeated (40: ~800 tokens)")
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     parser.add_argument("server_args", nargs="*", help="extra sglang.launch_server flags (after --)")
     args = parser.parse_args()
     if not (Path(args.model) / "config.json").exists():
         sys.exit(f"error: no model at {args.model}; run `make setup` first")
 
-    prompts = shared_prefix_prompts(args.groups, args.per_group)
+    prompts = shared_prefix_prompts(args.groups, args.per_group, repeat=args.prefix_repeat)
     print(f"demo: starting sglang.launch_server --schedule-policy {args.policy} --model-path {args.model}", flush=True)
     t0 = time.monotonic()
     (REPO / "results").mkdir(exist_ok=True)

@@ -31,6 +31,20 @@ def _attach(server_args, config: FeatherConfig) -> None:
     msgspec.Struct.__setattr__(server_args, CONFIG_ATTR, config)
 
 
+def _cpu_defaults(values: dict) -> dict:
+    """Settings the CPU runtime changes on a GPU-less host; logged, as it says what it did."""
+    from feather_sglang.cpu_runtime import server_defaults
+
+    changes = server_defaults(values)
+    if changes:
+        logger.warning(
+            "feather-sglang CPU runtime (no GPU on this host) set %s; pass them explicitly to "
+            "override, or set FEATHER_CPU_RUNTIME_DISABLE=1",
+            ", ".join(f"{k}={v}" for k, v in changes.items()),
+        )
+    return changes
+
+
 def _argparse_type(name: str, check):
     def convert(text: str):
         try:
@@ -92,8 +106,13 @@ def from_cli_args_after(result, cls, args: argparse.Namespace):
             ", ".join("--" + k.replace("_", "-") for k in given),
             result.schedule_policy,
         )
+    for name, value in _cpu_defaults({k: getattr(result, k) for k in _CPU_FIELDS}).items():
+        setattr(result, name, value)
     _attach(result, config)
     return result
+
+
+_CPU_FIELDS = ("device", "attention_backend", "disable_overlap_schedule", "dtype")
 
 
 def make_engine_server_args_factory(server_args_class):
@@ -115,6 +134,7 @@ def make_engine_server_args_factory(server_args_class):
                 "feather options %s are ignored: schedule_policy is %r, not 'feather'",
                 ", ".join(feather_kwargs), kwargs.get("schedule_policy", "fcfs"),
             )
+        kwargs.update(_cpu_defaults({k: kwargs.get(k) for k in _CPU_FIELDS}))
         server_args = server_args_class(**kwargs)
         _attach(server_args, config)
         return server_args

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import requests
 
-from feather_sglang.cpu_runtime import RECOMMENDED_SERVER_FLAGS, gpu_present
 
 READY_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
@@ -39,9 +38,8 @@ class SGLangServer:
     """``with SGLangServer(model, schedule_policy="feather") as server: server.url``.
 
     ``launcher`` is ``launch_server`` (``python -m sglang.launch_server``) or ``serve``
-    (``sglang serve``). ``extra_args`` are passed through; on a host without a GPU
-    the CPU flags of :data:`feather_sglang.cpu_runtime.RECOMMENDED_SERVER_FLAGS` are added
-    unless ``extra_args`` already sets them.
+    (``sglang serve``). ``extra_args`` are passed through; on a host without a GPU the
+    plugin's CPU runtime fills in the CPU settings (see ``cpu_runtime.server_defaults``).
     """
 
     def __init__(
@@ -73,15 +71,6 @@ class SGLangServer:
             "--schedule-policy", schedule_policy,
             *extra_args,
         ]
-        if not gpu_present():
-            given = set(extra_args)
-            flags = list(RECOMMENDED_SERVER_FLAGS)
-            for i in range(0, len(flags)):
-                if flags[i].startswith("--") and flags[i] in given:
-                    flags[i] = None  # caller's choice wins
-                    if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
-                        flags[i + 1] = None
-            args += [f for f in flags if f is not None]
         self.args = args
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None

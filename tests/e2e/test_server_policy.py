@@ -20,16 +20,23 @@ pytestmark = pytest.mark.e2e
 
 # NOTE: a small --max-running-requests makes admission a real choice (more requests wait
 # than fit), which is where policies differ; with everything admitted at once they cannot.
-SERVER_ARGS = ["--max-running-requests", "4", "--max-total-tokens", "16384"]
-IDLE_CHECK_WAIT_S = 3.0  # the scheduler runs its idle self-check on every idle loop
+# fp32 for the exactness check: batch composition moves fp32 logits by ~1e-6, so a token
+# flip can only be a near-tie; bf16 (the CPU runtime's pick where the CPU has bf16) rounds
+# at ~1e-2 and would need a tolerance loose enough to hide a real bug.
+SERVER_ARGS = ["--max-running-requests", "4", "--max-total-tokens", "16384", "--dtype", "float32"]
+IDLE_CHECK_WAIT_S = 3.0
+# ~490-token system prompts (10 chunks of 50): longer than the static rule's loss limit
+# (5 chunks), so joining another group is a loss the agent refuses. With prompts shorter
+# than that, every group is "close enough" and feather mixes them on purpose.
+PREFIX_REPEAT = 24  # the scheduler runs its idle self-check on every idle loop
 
 
-def _run(model, policy, tmp_path_factory, groups, per_group, max_new_tokens, completions=0):
+def _run(model, policy, tmp_path_factory, groups, per_group, max_new_tokens, completions=0, server_args=SERVER_ARGS):
     tmp = tmp_path_factory.mktemp(f"{model.name}-{policy}")
     trace = tmp / "trace.jsonl"
-    prompts = shared_prefix_prompts(groups, per_group)
+    prompts = shared_prefix_prompts(groups, per_group, repeat=PREFIX_REPEAT)
     server = SGLangServer(
-        model, policy, SERVER_ARGS, log_path=tmp / "server.log", env={"FEATHER_BATCH_TRACE": str(trace)}
+        model, policy, server_args, log_path=tmp / "server.log", env={"FEATHER_BATCH_TRACE": str(trace)}
     )
     result = {"prompts": prompts}
     with server:
@@ -68,6 +75,33 @@ def smollm2_runs(smollm2_model, tmp_path_factory):
         policy: _run(smollm2_model, policy, tmp_path_factory, groups=3, per_group=4, max_new_tokens=8)
         for policy in ("feather", "fcfs")
     }
+
+
+# Chunked prefill in 48-token pieces and a KV pool too small for the batch's decode growth:
+# SGLang retracts running requests back to the queue, and feather must keep its books.
+PRESSURE_ARGS = [
+    "--max-running-requests", "8", "--max-total-tokens", "1200", "--chunked-prefill-size", "128",
+    "--dtype", "float32",
+]
+
+
+@pytest.fixture(scope="module")
+def pressure_runs(tiny_model, tmp_path_factory):
+    return {
+        policy: _run(tiny_model, policy, tmp_path_factory, groups=3, per_group=6, max_new_tokens=96,
+                     server_args=PRESSURE_ARGS)
+        for policy in ("feather", "fcfs")
+    }
+
+
+def test_chunked_prefill_and_retraction(pressure_runs):
+    feather, fcfs = pressure_runs["feather"], pressure_runs["fcfs"]
+    assert "Retract requests" in feather["log"], "the KV pool was not small enough to force retraction"
+    problems = compare_greedy(feather["outputs"], fcfs["outputs"])
+    assert not problems, "\n".join(problems)
+    for run in (feather, fcfs):
+        assert run["healthy_after_idle"] and "memory leak detected" not in run["log"]
+        assert "Scheduler hit an exception" not in run["log"]
 
 
 @pytest.mark.parametrize("runs", ["tiny_runs", "smollm2_runs"])

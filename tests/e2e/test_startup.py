@@ -69,6 +69,13 @@ def test_sglang_serve_with_radix_cache_disabled_explains_what_it_loses(tiny_mode
         r = requests.post(server.url + "/generate", json={"text": "Hello there", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, timeout=120)
         assert r.status_code == 200 and r.json()["text"]
     log = server.log_path.read_text()
+    from feather_sglang.cpu_runtime import fastest_cpu_dtype, gpu_present
+
+    if not gpu_present():  # the CPU runtime filled in the settings a CPU server needs, and said so
+        assert (
+            "feather-sglang CPU runtime (no GPU on this host) set device=cpu, attention_backend=torch_native, "
+            f"disable_overlap_schedule=True, dtype={fastest_cpu_dtype()}"
+        ) in log
     assert "feather with the radix cache disabled" in log
     assert "prefix-leader step is off" in log
 
@@ -78,7 +85,6 @@ def test_engine_runs_feather_with_options(tiny_model, capfd):
 
     engine = sglang.Engine(
         model_path=str(tiny_model), schedule_policy="feather", feather_chunk_size=32, feather_max_wait_s=5.0,
-        device="cpu", attention_backend="torch_native", disable_overlap_schedule=True,
         max_total_tokens=8192, log_level="info",
     )
     try:
