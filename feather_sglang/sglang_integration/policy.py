@@ -30,9 +30,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# NOTE: how often (seconds) the scheduler logs feather's counters; SGLang's own decode log
-# is per N steps, which on a slow CPU can be minutes apart.
-STATS_LOG_INTERVAL_S = 10.0
 
 
 class FeatherSchedulePolicy(SchedulePolicy):
@@ -76,7 +73,9 @@ class FeatherState:
         self.resyncs = 0
         self.passes = 0
         self.sched_seconds = 0.0  # time in feather's calc_priority (sync + plan + reorder)
-        self._last_log = time.monotonic()
+        self.steps = 0
+        self.busy_seconds = 0.0  # scheduler loop time between consecutive forward steps
+        self._last_step_start: Optional[float] = None
 
     def attach(self, scheduler) -> None:
         config = feather_config_of(scheduler.server_args)
@@ -137,28 +136,37 @@ class FeatherState:
             waiting_queue[:] = [reqs[rid] for rid in plan.rids] + rest
         self.sched_seconds += time.perf_counter() - start
         self.passes += 1
-        self._maybe_log()
 
     def _cached_prefix_tokens(self, rid) -> int:
         req = self.reqs[rid]
         return match_kv_cache(req, self.tree_cache, req.origin_input_ids).device_prefix_len
 
-    def _maybe_log(self) -> None:
-        now = time.monotonic()
-        if now - self._last_log < STATS_LOG_INTERVAL_S:
-            return
-        self._last_log = now
+    def on_step(self, batch, started: float, ended: float) -> None:
+        """A forward step ran from ``started`` to ``ended`` (perf_counter seconds)."""
+        if self._last_step_start is not None:
+            self.busy_seconds += started - self._last_step_start
+        self._last_step_start = started
+        self.steps += 1
+        self.planner.agent.on_step(batch.batch_size(), ended - started)
+        if self.steps % max(self.scheduler.server_args.decode_log_interval, 1) == 0:
+            self.log_stats()
+
+    def on_idle(self) -> None:
+        self._last_step_start = None  # idle time is not step time
+
+    def log_stats(self) -> None:
+        """One line at SGLang's decode log interval: feather's share of the scheduler loop."""
         s = self.planner.take_stats()
-        passes, seconds = self.passes, self.sched_seconds
-        self.passes, self.sched_seconds = 0, 0.0
+        passes, seconds, busy = self.passes, self.sched_seconds, self.busy_seconds
+        self.passes, self.sched_seconds, self.busy_seconds = 0, 0.0, 0.0
         if passes == 0:
             return
+        share = f"{100 * seconds / busy:.3f}% of step time" if busy > 0 else "n/a of step time"
         logger.info(
-            "feather: passes=%d admitted=%d rolled_back=%d starved=%d stops=%s "
-            "sched_time=%.3f ms/pass waiting=%d running=%d resyncs=%d",
-            passes, s.admitted, s.rolled_back, s.starved, s.stops,
-            1e3 * seconds / passes, self.planner.num_waiting,
-            self.planner.cht.num_running, self.resyncs,
+            "feather: sched_time=%.3f ms/pass (%s) passes=%d admitted=%d rolled_back=%d "
+            "starved=%d stops=%s waiting=%d running=%d resyncs=%d",
+            1e3 * seconds / passes, share, passes, s.admitted, s.rolled_back, s.starved, s.stops,
+            self.planner.num_waiting, self.planner.cht.num_running, self.resyncs,
         )
 
 
@@ -197,6 +205,23 @@ def add_request_to_queue_after(result, scheduler, req, *args, **kwargs):
     state = _feather_state(scheduler)
     if state is not None and scheduler.waiting_queue and scheduler.waiting_queue[-1] is req:
         state.on_enqueue(req)
+    return result
+
+
+def run_batch_around(original, scheduler, batch, *args, **kwargs):
+    state = _feather_state(scheduler)
+    if state is None:
+        return original(scheduler, batch, *args, **kwargs)
+    started = time.perf_counter()
+    result = original(scheduler, batch, *args, **kwargs)
+    state.on_step(batch, started, time.perf_counter())
+    return result
+
+
+def on_idle_after(result, scheduler, *args, **kwargs):
+    state = _feather_state(scheduler)
+    if state is not None:
+        state.on_idle()
     return result
 
 

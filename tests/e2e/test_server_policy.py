@@ -144,3 +144,6 @@ def test_no_kv_leak_and_clean_shutdown(runs, policy, request):
 def test_feather_logged_its_decisions(tiny_runs):
     log = tiny_runs["feather"]["log"]
     assert "feather schedule policy: {'chunk_size': 50" in log
+    shares = re.findall(r"feather: sched_time=([\d.]+) ms/pass \(([\d.]+)% of step time\)", log)
+    assert shares, "no feather stats line at the decode log interval"
+    print("feather scheduling share of step time (%):", [float(p) for _, p in shares])

@@ -1,0 +1,1 @@
+"""Benchmarks of feather against SGLang's own code (run through ``scripts/``)."""
