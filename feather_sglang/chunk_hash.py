@@ -12,6 +12,7 @@ and a numpy array of the same ids give the same hashes.
 
 from __future__ import annotations
 
+import array
 import struct
 from collections.abc import Iterable
 
@@ -34,6 +35,9 @@ def _token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
     ``struct.pack`` takes about a third of the time numpy's list conversion does
     (~35 us against ~110 us), and that conversion is the hot spot of admission.
     """
+    if isinstance(token_ids, array.array):
+        # SGLang's Req.origin_input_ids is array("q"): read its buffer in place, no copy.
+        token_ids = np.frombuffer(token_ids, dtype=token_ids.typecode) if token_ids else np.empty(0, _TOKEN_DTYPE)
     if isinstance(token_ids, np.ndarray):
         if token_ids.ndim != 1:
             raise ValueError(f"token_ids must be 1-D, got shape {token_ids.shape}")

@@ -278,3 +278,13 @@ def test_waiting_shared_depth_and_running_ids():
     cht.admit("b")
     assert cht.running_ids() == ["b"]
     assert cht.waiting_shared_depth("a") == 0  # b no longer waits
+
+
+def test_chunk_hashes_of_sglang_token_arrays_match_lists():
+    """SGLang keeps prompt ids as array('q'); they are hashed in place, equal to list input."""
+    from array import array
+
+    tokens = list(range(1, 238))
+    for typecode in ("q", "l", "i"):
+        assert chunk_hashes(array(typecode, tokens), 50) == chunk_hashes(tokens, 50)
+    assert chunk_hashes(array("q"), 50) == []
