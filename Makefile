@@ -2,13 +2,15 @@
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup env models demo test test-fast clean-models help
+.PHONY: setup env models demo test test-fast bench-overhead bench-overhead-quick bench-dtype clean-models help
 
 help:
 	@echo "make demo   - set up, then serve the default model with --schedule-policy feather and print throughput"
 	@echo "make test   - set up, then run the whole test suite (unit, SGLang objects, real servers)"
 	@echo "make test-fast - unit and SGLang-object tests only (no servers)"
 	@echo "make setup  - .venv/ and models/ only"
+	@echo "make bench-overhead[-quick] - scheduling cost per pass: feather vs SGLang's lpm / dfs-weight"
+	@echo "make bench-dtype - which --dtype serves fastest on this CPU"
 
 setup: env models
 
@@ -26,6 +28,15 @@ test: setup
 
 test-fast: setup
 	$(PYTHON) -m pytest -m "not e2e" $(PYTEST_ARGS)
+
+bench-overhead: setup
+	$(PYTHON) scripts/bench_overhead.py --json results/bench_overhead.json
+
+bench-overhead-quick: setup
+	$(PYTHON) scripts/bench_overhead.py --quick --json results/bench_overhead_quick.json
+
+bench-dtype: setup
+	$(PYTHON) scripts/bench_dtype.py --json results/bench_dtype.json
 
 clean-models:
 	rm -rf models

@@ -168,6 +168,10 @@ class ChunkedHashTree:
         holders = self._holders
         return _leading_true(len(keys), lambda level: len(holders[level][keys[level]]) > 1)
 
+    def num_chunks(self, rid: Hashable) -> int:
+        """Number of keys (chunks, the last one possibly partial) of ``rid``."""
+        return len(self._lookup(rid).keys)
+
     def running_ids(self) -> list[Hashable]:
         """Ids of the running requests (a copy: safe to finish them while iterating)."""
         return list(self._running)

@@ -134,11 +134,15 @@ class AdmissionPlanner:
         self,
         max_new: int,
         cached_prefix_tokens: Callable[[Hashable], int] | None = None,
+        token_budget: int | None = None,
     ) -> Plan:
         """Choose up to ``max_new`` waiting requests to admit this pass.
 
         ``cached_prefix_tokens(rid)`` returns how many leading prompt tokens of ``rid`` are in
         the radix cache; None disables the prefix leader (e.g. radix cache off).
+        ``token_budget`` (prefill tokens the scheduler can take this pass) stops planning once
+        the picks' estimated new tokens (their chunks missing from the running batch) reach
+        it: planning what cannot be admitted only costs a rollback.
         """
         start = time.perf_counter()
         self.end_pass(())  # a plan the scheduler never consumed is rolled back
@@ -152,10 +156,12 @@ class AdmissionPlanner:
         self._admit_states: list[tuple[Hashable, AgentState]] = []
 
         now = self.clock()
+        planned_tokens = 0  # estimated new prefill tokens of the picks so far
         for rid, since in self._waiting_since.items():
             if len(plan.rids) >= max_new or now - since <= config.max_wait_s:
                 break
             if cht.state(rid) is RequestState.WAITING:
+                planned_tokens += cht.deficit(rid) * config.chunk_size
                 cht.admit(rid)
                 plan.rids.append(rid)
         plan.starved = len(plan.rids)
@@ -163,6 +169,9 @@ class AdmissionPlanner:
         while True:
             if len(plan.rids) >= max_new:
                 plan.stop_reason = "limit" if cht.num_waiting else "empty"
+                break
+            if token_budget is not None and planned_tokens >= token_budget:
+                plan.stop_reason = "budget"
                 break
             rid = cht.best()
             if rid is None:
@@ -185,6 +194,7 @@ class AdmissionPlanner:
                 and view.deficit > 0
                 and self._needs_leader(rid, view, cached_prefix_tokens)
             )
+            planned_tokens += view.deficit * config.chunk_size
             cht.admit(rid)
             agent.on_admit(state)
             self._admit_states.append((rid, state))
@@ -207,7 +217,11 @@ class AdmissionPlanner:
         cached yet: computing them once, then letting the group hit the cache, beats every
         member computing the same prefix in one batch."""
         shared_chunks = self.cht.waiting_shared_depth(rid)
-        if shared_chunks == 0:
+        # The chunks a running request holds are cached (or being computed) already; only a
+        # shared part beyond them is worth a radix-cache lookup. NOTE: the running batch's keys
+        # in a request form a prefix of its key list (hashes are cumulative).
+        in_running_batch = self.cht.num_chunks(rid) - view.deficit
+        if shared_chunks <= in_running_batch:
             return False
         uncached_from = cached_prefix_tokens(rid) // self.config.chunk_size
         return uncached_from < shared_chunks - 1

@@ -566,7 +566,23 @@ def machine_info(settings: Settings) -> dict:
         "tree_cache": classes[DEFAULT_CACHE] if DEFAULT_CACHE in classes else None,
         "tree_caches": classes,
         "default_tree_cache": DEFAULT_CACHE,
+        "git": _git_state(),
     }
+
+
+def _git_state() -> dict:
+    """The commit measured and the files changed on top of it (None outside a checkout)."""
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        def git(*args):
+            return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
+                                  timeout=10, check=True).stdout
+        return {"commit": git("rev-parse", "HEAD").strip(),
+                "modified": [line[3:] for line in git("status", "--porcelain").splitlines() if line]}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "modified": None}
 
 
 def summarize(rows: list[dict], settings: Settings) -> dict:

@@ -128,6 +128,7 @@ class FeatherState:
         plan = planner.plan(
             max_new=max(max_new, 0),
             cached_prefix_tokens=self._cached_prefix_tokens if self.radix_enabled else None,
+            token_budget=scheduler.max_prefill_tokens,
         )
         self.plan_rids = frozenset(plan.rids)
         if plan.rids:

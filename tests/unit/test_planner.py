@@ -121,3 +121,28 @@ def test_retraction_and_abort_reconciliation(clock):
     arrive(p, ["g1-0"])
     gone = p.sync_waiting({"g0-1": lambda: prompt(0, 1)})  # g1-0 was aborted while waiting
     assert gone == ["g1-0"] and p.num_waiting == 1
+
+
+def test_token_budget_stops_planning_once_reached(clock):
+    p = planner_with(clock, prefix_leader=False)
+    arrive(p, ["g0-0", "g0-1", "g0-2", "g0-3"])
+    first = p.plan(max_new=10, token_budget=1)  # the first pick always goes in
+    assert first.rids == ["g0-0"] and first.stop_reason == "budget"
+    p.end_pass(first.rids)
+    # the rest share g0-0's 10 prefix chunks: each misses only its last chunk (4 tokens)
+    plan = p.plan(max_new=10, token_budget=2 * CHUNK)
+    assert plan.rids == ["g0-1", "g0-2"] and plan.stop_reason == "budget"
+
+
+def test_prefix_leader_lookup_only_for_a_new_group(clock):
+    p = planner_with(clock)
+    arrive(p, ["g0-0", "g0-1", "g0-2"])
+    lookups = []
+
+    def cached(rid):
+        lookups.append(rid)
+        return 10 * CHUNK
+
+    p.end_pass(p.plan(max_new=1).rids)  # g0-0 runs: the group's prefix is in the batch
+    assert p.plan(max_new=10, cached_prefix_tokens=cached).rids == ["g0-1", "g0-2"]
+    assert lookups == []  # their shared part is held by the running batch: no radix lookup
