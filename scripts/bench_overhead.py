@@ -42,6 +42,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, help="timed passes of the matching policies")
     parser.add_argument("--max-rss-gb", type=float, help="skip cells that would push RSS past this (default 12)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--live", metavar="MODEL_DIR", nargs="?", const=os.path.join(REPO, "models", "SmolLM2-135M-Instruct"),
+                        help="also run a real server with feather on MODEL_DIR (default: the SmolLM2 model) "
+                             "and report feather's logged share of step time")
     args = parser.parse_args(argv)
 
     import logging
@@ -72,7 +75,24 @@ def main(argv=None) -> int:
         settings.max_rss_gb = args.max_rss_gb
 
     start = time.perf_counter()
-    result = bench.run(settings, args.json)
+    result = bench.run(settings, None)
+    if args.live:
+        import json
+        from pathlib import Path
+
+        from feather_sglang.bench.live import run_live
+
+        print(f"live server: feather on {args.live} ...", file=sys.stderr, flush=True)
+        log_path = Path(REPO) / "results" / "bench_overhead_live_server.log"
+        log_path.parent.mkdir(exist_ok=True)
+        result["live_server"] = live = run_live(args.live, log_path)
+        result["summary"]["live_share_of_step_time_pct_median"] = live["share_of_step_time_pct_median"]
+    if args.json:
+        import json
+
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
     print(bench.format_table(result["rows"]))
     print()
     s = result["summary"]
@@ -83,6 +103,11 @@ def main(argv=None) -> int:
     print(f"by tree cache: {s.get('by_tree_cache')}")
     print(f"pick at largest W: {s.get('pick_us_at_largest_waiting')}")
     print(f"targets: {s.get('targets')}")
+    if "live_server" in result:
+        live = result["live_server"]
+        print(f"live server ({live['model']}, {live['requests']} requests, {live['log_lines']} log lines): "
+              f"feather {live['ms_per_pass_median']} ms/pass, median {live['share_of_step_time_pct_median']}% "
+              f"(max {live['share_of_step_time_pct_max']}%) of step time")
     for skip in result["skipped"]:
         print(f"SKIPPED: {skip}")
     print(f"wall {time.perf_counter() - start:.1f} s, peak RSS {result['machine']['peak_rss_mb']:,.0f} MB"

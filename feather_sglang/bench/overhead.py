@@ -168,13 +168,16 @@ def cache_tokens(cache, allocator, tokens: array) -> None:
 
 class SchedulerStandIn:
     """What FeatherState reads from SGLang's Scheduler: server_args (a real ServerArgs),
-    policy, chunked_req and get_num_allocatable_reqs (here: always ``max_new``)."""
+    policy, chunked_req, max_prefill_tokens and get_num_allocatable_reqs (here: always
+    ``max_new``). NOTE: the prefill token budget is set out of reach so that every policy picks
+    a batch of the same size; in a server feather stops planning at the budget."""
 
     def __init__(self, tree_cache, config: FeatherConfig, max_new: int) -> None:
         self.server_args = ServerArgs(model_path="dummy", device="cpu", schedule_policy="feather")
         setattr(self.server_args, CONFIG_ATTR, config)  # as the --feather-* flags attach it
         self.chunked_req = None
         self.max_new = max_new
+        self.max_prefill_tokens = 1 << 40
         # Scheduler.init_schedule_policy, then feather's AFTER hook on it.
         self.policy = FeatherSchedulePolicy("feather", tree_cache, False, False, False)
         policy_mod.init_schedule_policy_after(None, self)
