@@ -58,10 +58,13 @@ def cpu_flags() -> frozenset[str]:
 def fastest_cpu_dtype() -> str:
     """The model dtype that serves fastest on this CPU.
 
-    Measured with SmolLM2-135M on the project machine (AMD EPYC with avx512_bf16, 2 cores),
-    ``make demo`` batch, output tok/s: bfloat16 171, float32 118, float16 58 (sglang's
-    ``auto`` picks float16 for an fp32 checkpoint: the slowest). Without bf16 hardware
-    (AVX2 only) bf16 and fp16 are emulated and float32 is ~4x faster at prefill.
+    Measured with ``scripts/bench_dtype.py`` (SmolLM2-135M, feather, 32 requests, medians of 2
+    rounds) on the project machine (AMD EPYC with avx512_bf16, 2 cores): ~130-token prompts
+    bfloat16 170, float32 144, float16 57 output tok/s; ~740-token prompts bfloat16 38.1,
+    float32 38.8, float16 18.7 (there the per-request attention loop dominates). sglang's
+    ``auto`` picks float16 for an fp32 checkpoint: the slowest. Without bf16 instructions
+    (AVX2 only) bf16 is emulated and float32 is ~4x faster at prefill (helper measurement with
+    transformers under ``ATEN_CPU_CAPABILITY=avx2``).
     """
     return "bfloat16" if cpu_flags() & BF16_CPU_FLAGS else "float32"
 

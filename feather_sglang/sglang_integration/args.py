@@ -100,6 +100,14 @@ def from_cli_args_after(result, cls, args: argparse.Namespace):
     except FeatherConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    if getattr(result, "schedule_policy", None) == POLICY_NAME and getattr(result, "enable_priority_scheduling", False):
+        print(
+            "error: --schedule-policy feather cannot be combined with --enable-priority-scheduling: "
+            "feather orders the queue by shared prefix (with a starvation bound, "
+            "--feather-max-wait-s); SGLang's priority scheduling works with fcfs or lof only",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     if given and getattr(result, "schedule_policy", None) != POLICY_NAME:
         logger.warning(
             "feather options %s are ignored: --schedule-policy is %r, not 'feather'",

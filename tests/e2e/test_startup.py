@@ -40,6 +40,7 @@ def test_help_lists_feather_and_its_options():
             ["--feather-static-max-loss", "7", "--feather-static-max-loss-crowded", "5"],
             "--feather-static-max-loss-crowded (5) must be >= --feather-static-max-loss (7)",
         ),
+        (["--enable-priority-scheduling"], "feather cannot be combined with --enable-priority-scheduling"),
     ],
 )
 def test_bad_feather_option_stops_start_up_with_a_clear_message(tiny_model, flags, message):

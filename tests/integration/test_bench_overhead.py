@@ -1,0 +1,35 @@
+"""The overhead benchmark runs end to end on a tiny grid and writes the JSON the issue asks for.
+(Its figures are checked by reading them, not by timed assertions.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_overhead_json_shape(tmp_path):
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_overhead.py"), "--waiting", "64,256",
+         "--tokens", "600", "--repeats", "2", "--batch", "8", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert {"machine", "rows", "summary"} <= result.keys()
+    for key in ("ratio_vs_dfs_weight_at_largest", "ratio_vs_lpm_at_largest", "insert_us_per_1k_tokens"):
+        assert result["summary"][key] > 0
+    row_keys = {"waiting", "prompt_tokens", "groups", "policy", "us_per_pass", "us_per_insert", "fell_back_to_fcfs"}
+    assert all(row_keys <= row.keys() for row in result["rows"])
+    policies = {row["policy"] for row in result["rows"]}
+    assert {"lpm", "lpm-no-fallback", "dfs-weight", "feather"} <= policies
+    lpm_at_256 = [r for r in result["rows"] if r["policy"] == "lpm" and r["waiting"] == 256]
+    assert lpm_at_256 and all(r["fell_back_to_fcfs"] for r in lpm_at_256)  # > 128 waiting
+    # every policy picked from the running batch's group: the comparison is like for like
+    feather = [r for r in result["rows"] if r["policy"] == "feather"]
+    assert all(r.get("picks", 0) > 0 for r in feather)
+    assert "| policy" in run.stdout or "feather" in run.stdout
