@@ -1,0 +1,96 @@
+"""Synthetic decode batches in SGLang's KV pool layout, for tests and benchmarks.
+
+Builds what a radix-cache hit leaves behind: groups of requests whose ``req_to_token`` rows
+start with the same (scattered) slot ids, followed by each request's own slots; rows are
+placed at shuffled pool rows and the batch order interleaves groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """One layer's pool and one decode step's batch.
+
+    q ``[B, Hq, D]``; k_buffer ``[S, Hkv, D]``; v_buffer ``[S, Hkv, Dv]``; req_to_token
+    ``[R, L]`` int32; req_pool_indices ``[B]`` int64; seq_lens ``[B]`` int64; ``groups``: per
+    requested group, the sorted batch indices and its shared prefix length.
+    """
+
+    q: torch.Tensor
+    k_buffer: torch.Tensor
+    v_buffer: torch.Tensor
+    req_to_token: torch.Tensor
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    scale: float
+    groups: list[tuple[list[int], int]]
+
+    @property
+    def args(self) -> tuple:
+        return (self.q, self.k_buffer, self.v_buffer, self.req_to_token,
+                self.req_pool_indices, self.seq_lens, self.scale)
+
+
+def make_decode_batch(
+    group_sizes: list[int],
+    prefix_lens: list[int],
+    suffix_lens: list[int],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    spare_rows: int = 3,
+    spare_slots: int = 64,
+    shuffle: bool = True,
+) -> DecodeBatch:
+    """Build a batch of ``sum(group_sizes)`` requests.
+
+    Group ``g`` has ``group_sizes[g]`` requests sharing ``prefix_lens[g]`` leading slots;
+    ``suffix_lens`` gives each request's own tokens, group by group (total per request
+    must be ``>= 1``). Unused ``req_to_token`` entries hold random valid slot ids, so reading
+    past ``seq_len`` changes the result rather than going unnoticed.
+    """
+    assert len(group_sizes) == len(prefix_lens)
+    B = sum(group_sizes)
+    assert len(suffix_lens) == B
+    gen = torch.Generator().manual_seed(seed)
+    n_slots = sum(prefix_lens) + sum(suffix_lens) + spare_slots
+    perm = torch.randperm(n_slots, generator=gen).to(torch.int32)
+    max_len = max(p for p in prefix_lens) + max(suffix_lens) + 8
+    R = B + spare_rows
+    req_to_token = torch.randint(0, n_slots, (R, max_len), generator=gen, dtype=torch.int32)
+    rows = torch.randperm(R, generator=gen)[:B]
+    order = torch.randperm(B, generator=gen) if shuffle else torch.arange(B)
+    seq_lens = torch.empty(B, dtype=torch.int64)
+    req_pool_indices = torch.empty(B, dtype=torch.int64)
+    groups: list[tuple[list[int], int]] = []
+    used, r = 0, 0
+    for size, P in zip(group_sizes, prefix_lens):
+        prefix = perm[used: used + P]
+        used += P
+        members = []
+        for _ in range(size):
+            b = int(order[r])
+            n = suffix_lens[r]
+            assert P + n >= 1, "a decode request has at least one token"
+            row = int(rows[r])
+            req_to_token[row, :P] = prefix
+            req_to_token[row, P: P + n] = perm[used: used + n]
+            used += n
+            seq_lens[b] = P + n
+            req_pool_indices[b] = row
+            members.append(b)
+            r += 1
+        groups.append((sorted(members), P))
+    Dv = head_dim
+    k_buffer = torch.randn(n_slots, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v_buffer = torch.randn(n_slots, num_kv_heads, Dv, generator=gen).to(dtype)
+    q = torch.randn(B, num_q_heads, head_dim, generator=gen).to(dtype)
+    return DecodeBatch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
+                       head_dim ** -0.5, groups)

@@ -1,0 +1,186 @@
+#!/usr/bin/env python
+"""Decode attention step time: feather's prefix-shared CPU path vs torch_native (issue 4, item 4).
+
+    .venv/bin/python scripts/bench_attention.py --json results/bench_attention.json
+    .venv/bin/python scripts/bench_attention.py --quick
+
+One layer, one decode step, on the same SGLang-layout KV pool and batch: B requests sharing a
+P-token prefix (equal leading slot ids, as a radix-cache hit leaves them) plus 64 own tokens
+each, SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head dim 64).
+
+* ``torch_native``: the per-request loop of SGLang 0.5.23's
+  ``TorchNativeAttnBackend._run_sdpa_forward_decode`` (gather ``req_to_token[req, :seq_len]``,
+  SDPA with ``enable_gqa``), reimplemented here on the same tensors.
+* ``feather``: ``feather_kernels.prefix_shared_decode`` with its plan (groups and gather
+  indices) already built: a backend builds it once per forward batch, not per layer.
+  ``plan_ms`` is that per-step cost (``find_prefix_groups`` from ``req_to_token`` plus
+  ``plan_decode``), paid once for all layers.
+
+Times are medians over repeats, in ms, with ``--threads`` torch threads (default 1). Full grid: B in {4, 16, 64} x P in {512, 2048, 8192} x
+dtype in {float32, bfloat16}; ``--quick``: B in {4, 16} x P in {512, 2048}, float32 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+import torch  # noqa: E402
+from torch.nn.functional import scaled_dot_product_attention  # noqa: E402
+
+from feather_kernels import (  # noqa: E402
+    PrefixGroup,
+    find_prefix_groups,
+    plan_decode,
+    prefix_shared_decode,
+)
+from feather_kernels.synthetic import make_decode_batch  # noqa: E402
+
+HQ, HKV, HEAD_DIM = 9, 3, 64  # SmolLM2-135M-Instruct
+SUFFIX = 64
+
+
+def torch_native_decode(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale):
+    """SGLang 0.5.23 torch_native decode (``_run_sdpa_forward_decode``), same tensors."""
+    output = torch.empty_like(q)
+    query = q.movedim(0, q.dim() - 2)  # [Hq, B, D]
+    enable_gqa = q.shape[1] != k_cache.shape[1]
+    start_q = 0
+    for seq_idx in range(seq_lens.shape[0]):
+        seq_len_kv = seq_lens[seq_idx]
+        end_q = start_q + 1
+        per_req_query = query[:, start_q:end_q, :]
+        per_req_tokens = req_to_token[req_pool_indices[seq_idx], 0:seq_len_kv]
+        per_req_key = k_cache[per_req_tokens].movedim(0, query.dim() - 2)
+        per_req_value = v_cache[per_req_tokens].movedim(0, query.dim() - 2)
+        per_req_out = (
+            scaled_dot_product_attention(
+                per_req_query.unsqueeze(0), per_req_key.unsqueeze(0),
+                per_req_value.unsqueeze(0), enable_gqa=enable_gqa, scale=scale,
+                is_causal=False,
+            ).squeeze(0).movedim(query.dim() - 2, 0)
+        )
+        output[start_q:end_q, :, :] = per_req_out
+        start_q = end_q
+    return output
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _machine() -> dict:
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "gpu": torch.cuda.is_available(),
+    }
+
+
+def run(batches, prefixes, dtypes, repeats: int) -> list[dict]:
+    rows = []
+    for dtype in dtypes:
+        for B in batches:
+            for P in prefixes:
+                batch = make_decode_batch([B], [P], [SUFFIX] * B, HQ, HKV, HEAD_DIM,
+                                          dtype=dtype, seed=B + P)
+                groups = [PrefixGroup(torch.tensor(m), p) for m, p in batch.groups]
+                plan = plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
+                                   groups)
+                # fewer repeats where one torch_native step takes seconds
+                reps = max(3, repeats // (1 + B * P // 65536))
+                native = _median_ms(lambda: torch_native_decode(*batch.args), reps)
+                feather = _median_ms(lambda: prefix_shared_decode(*batch.args, plan=plan), reps)
+                find = _median_ms(lambda: plan_decode(
+                    batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
+                    find_prefix_groups(batch.req_to_token, batch.req_pool_indices,
+                                       batch.seq_lens)), reps)
+                err = (prefix_shared_decode(*batch.args, plan=plan).float()
+                       - torch_native_decode(*batch.args).float()).abs().max().item()
+                row = {"dtype": str(dtype).removeprefix("torch."), "B": B, "P": P,
+                       "suffix": SUFFIX, "torch_native_ms": round(native, 3),
+                       "feather_ms": round(feather, 3), "speedup": round(native / feather, 2),
+                       "plan_ms": round(find, 3), "max_abs_diff": err,
+                       "repeats": reps}
+                rows.append(row)
+                print(f"{row['dtype']:>9} {B:>4} {P:>6} {native:>14.2f} {feather:>11.2f} "
+                      f"{native / feather:>8.1f}x {find:>10.3f}", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="B in {4, 16} x P in {512, 2048}, float32, fewer repeats")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per cell")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads for both sides (default 1: stable medians "
+                             "on a shared 2-core machine, as in sglang-on-cpu.md)")
+    parser.add_argument("--batches", type=_ints, help="comma-separated B values (overrides the grid)")
+    parser.add_argument("--prefixes", type=_ints, help="comma-separated P values (overrides the grid)")
+    parser.add_argument("--dtype", default="bfloat16",
+                        help="second dtype besides float32 (full grid only)")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        batches, prefixes, dtypes, repeats = (4, 16), (512, 2048), (torch.float32,), 5
+    else:
+        batches, prefixes = (4, 16, 64), (512, 2048, 8192)
+        dtypes, repeats = (torch.float32, getattr(torch, args.dtype)), 9
+    repeats = args.repeats or repeats
+    batches, prefixes = args.batches or batches, args.prefixes or prefixes
+    print(f"decode attention step, Hq={HQ} Hkv={HKV} D={HEAD_DIM}, suffix {SUFFIX}, "
+          f"{torch.get_num_threads()} threads; medians in ms")
+    print(f"{'dtype':>9} {'B':>4} {'P':>6} {'torch_native':>14} {'feather':>11} "
+          f"{'speedup':>9} {'plan':>10}")
+    rows = run(batches, prefixes, dtypes, repeats)
+
+    def speedup(B, P, dtype="float32"):
+        hits = [r["speedup"] for r in rows if r["B"] == B and r["P"] == P
+                and r["dtype"] == dtype]
+        return hits[0] if hits else None
+
+    # NOTE: the headline keys are float32 (the stricter case: both sides do the same fp32
+    # FLOPs, so the gain is bounded by GEMM vs per-request GEMV + gather); the second dtype
+    # gets its own keys.
+    summary = {"speedup_b16_p2048": speedup(16, 2048), "speedup_b64_p8192": speedup(64, 8192),
+               "threads": args.threads,
+               "targets": {"speedup_b16_p2048": 8.0, "speedup_b64_p8192": 12.0}}
+    for dtype in dtypes[1:]:
+        name = str(dtype).removeprefix("torch.")
+        summary[f"speedup_b16_p2048_{name}"] = speedup(16, 2048, name)
+        summary[f"speedup_b64_p8192_{name}"] = speedup(64, 8192, name)
+    print(json.dumps(summary))
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"machine": _machine(), "rows": rows, "summary": summary}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

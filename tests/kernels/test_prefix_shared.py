@@ -1,0 +1,276 @@
+"""Prefix-shared decode attention: CPU path and Triton kernel against the torch reference.
+
+The Triton kernel runs under ``TRITON_INTERPRET=1`` in ONE subprocess (the variable must be set
+before triton defines the kernels, and another test module may already have imported triton
+here); a GPU test runs it compiled when CUDA is present.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from feather_kernels import (
+    PrefixGroup,
+    decode_attention_reference,
+    find_prefix_groups,
+    merge_state,
+    plan_decode,
+    prefix_shared_decode,
+)
+from feather_kernels.synthetic import make_decode_batch
+
+REPO = Path(__file__).resolve().parents[2]
+# |fast - reference| <= atol + rtol * |reference|, on outputs rounded to the input dtype
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=1e-4),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+}
+
+
+def _suffixes(B: int, P: int, seed: int) -> list[int]:
+    """Ragged suffix lengths; 0 included when the prefix alone gives the request a token."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(0, 40, (B,), generator=g).tolist()
+    lens[0] = 0 if P > 0 else 1
+    if B > 1:
+        lens[-1] = 70  # longer than one power-of-two bucket of the others
+    return [max(n, 0 if P > 0 else 1) for n in lens]
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
+
+
+# --- CPU path --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)])
+@pytest.mark.parametrize("P", [0, 17, 64])
+@pytest.mark.parametrize("B", [1, 3, 8])
+def test_cpu_path_matches_reference(B, P, heads, dtype):
+    Hq, Hkv = heads
+    batch = make_decode_batch([B], [P], _suffixes(B, P, seed=B * 100 + P), Hq, Hkv, 32,
+                              dtype=dtype, seed=B + P)
+    ref = decode_attention_reference(*batch.args)
+    # groups found from the table, and the true groups handed in (as a scheduler would)
+    _close(prefix_shared_decode(*batch.args), ref, dtype)
+    given = [PrefixGroup(torch.tensor(m), p) for m, p in batch.groups]
+    _close(prefix_shared_decode(*batch.args, groups=given), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cpu_path_mixed_groups_and_loners(dtype):
+    # two sharing groups, a one-request "group" with a long private prefix, P=0 requests
+    sizes, prefixes = [3, 5, 1, 2], [40, 130, 50, 0]
+    suffixes = [0, 5, 9, 1, 2, 64, 33, 7, 0, 3, 12]
+    batch = make_decode_batch(sizes, prefixes, suffixes, 9, 3, 64, dtype=dtype, seed=7)
+    groups = find_prefix_groups(batch.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    found = {tuple(g.batch_indices.tolist()): g.prefix_len for g in groups}
+    want = {tuple(m): p for m, p in batch.groups[:2]}
+    loners = sorted(batch.groups[2][0] + batch.groups[3][0])
+    want[tuple(loners)] = 0
+    assert found == want
+    out = torch.empty_like(batch.q)
+    res = prefix_shared_decode(*batch.args, groups=groups, out=out)
+    assert res is out
+    _close(out, decode_attention_reference(*batch.args), dtype)
+
+
+def test_cpu_plan_is_reused_across_layers():
+    # a backend plans once per forward batch; each layer has its own KV buffers
+    batch = make_decode_batch([4, 2], [50, 20], [3, 0, 7, 1, 5, 9], 8, 2, 32, seed=3)
+    plan = plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        k = torch.randn(batch.k_buffer.shape, generator=g)
+        v = torch.randn(batch.v_buffer.shape, generator=g)
+        q = torch.randn(batch.q.shape, generator=g)
+        args = (q, k, v, batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.scale)
+        _close(prefix_shared_decode(*args, plan=plan), decode_attention_reference(*args),
+               torch.float32)
+
+
+# --- find_prefix_groups ----------------------------------------------------------------------
+
+def _groups(table, rows, lens, **kw):
+    r2t = torch.tensor(table, dtype=torch.int32)
+    gs = find_prefix_groups(r2t, torch.tensor(rows), torch.tensor(lens), **kw)
+    seen = sorted(i for g in gs for i in g.batch_indices.tolist())
+    assert seen == list(range(len(rows))), "every request in exactly one group"
+    return {tuple(g.batch_indices.tolist()): g.prefix_len for g in gs}
+
+
+def test_find_groups_common_length_and_branching():
+    table = [
+        [5, 6, 7, 8, 9, 0],
+        [9, 1, 2, 3, 4, 0],
+        [5, 6, 7, 8, 1, 0],  # shares 4 with row 0
+        [5, 6, 3, 3, 3, 0],  # shares only 2 with rows 0 and 2
+        [9, 1, 2, 3, 4, 0],  # shares 5 with row 1
+    ]
+    # batch order differs from pool rows
+    assert _groups(table, [0, 2, 3, 1, 4], [5, 5, 5, 5, 5], min_prefix=1) == {
+        (0, 1, 2): 2, (3, 4): 5}
+    # without row 3 the 5-group shares 4
+    assert _groups(table, [2, 0], [5, 5], min_prefix=1) == {(0, 1): 4}
+
+
+def test_find_groups_capped_by_shortest_member_and_min_prefix():
+    table = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]]
+    assert _groups(table, [0, 1, 2], [6, 3, 6], min_prefix=1) == {(0, 1, 2): 3}
+    assert _groups(table, [0, 1, 2], [6, 3, 6], min_prefix=4) == {(0, 1, 2): 0}
+    assert _groups(table, [0], [6], min_prefix=1) == {(0,): 0}
+    assert _groups([[1, 2], [3, 4]], [0, 1], [2, 2], min_prefix=1) == {(0, 1): 0}
+
+
+def test_find_groups_verify_catches_tables_that_break_the_radix_invariant():
+    table = [[1, 2, 3, 4], [1, 9, 3, 4]]  # equal at 0, 2, 3 but not 1
+    assert _groups(table, [0, 1], [4, 4], min_prefix=1, verify=True) == {(0, 1): 1}
+
+
+def test_find_groups_empty_batch():
+    r2t = torch.zeros(2, 4, dtype=torch.int32)
+    empty = torch.zeros(0, dtype=torch.long)
+    assert find_prefix_groups(r2t, empty, empty) == []
+
+
+# --- merge_state -----------------------------------------------------------------------------
+
+def test_merge_state_equals_attention_over_all_keys():
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(6, 50, generator=g) * 3  # scores for 6 (request, head) rows, 50 keys
+    v = torch.randn(50, 16, generator=g)
+    full = torch.softmax(s, -1) @ v
+
+    def part(lo, hi):
+        return torch.softmax(s[:, lo:hi], -1) @ v[lo:hi], torch.logsumexp(s[:, lo:hi], -1)
+
+    o, lse = merge_state(*part(0, 20), *part(20, 50))
+    torch.testing.assert_close(o, full, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, torch.logsumexp(s, -1))
+    o2, lse2 = merge_state(*part(20, 50), *part(0, 20))
+    torch.testing.assert_close(o2, o)
+    torch.testing.assert_close(lse2, lse)
+
+
+def test_merge_state_empty_parts():
+    o = torch.randn(3, 8)
+    lse = torch.randn(3)
+    nan_o = torch.full((3, 8), float("nan"))
+    ninf = torch.full((3,), float("-inf"))
+    for args in ((o, lse, nan_o, ninf), (nan_o, ninf, o, lse)):
+        mo, mlse = merge_state(*args)
+        torch.testing.assert_close(mo, o)
+        torch.testing.assert_close(mlse, lse)
+    mo, mlse = merge_state(nan_o, ninf, nan_o, ninf)
+    assert torch.equal(mo, torch.zeros(3, 8)) and torch.isneginf(mlse).all()
+    # mixed rows: row 0 empty in part 1 only
+    lse1 = lse.clone()
+    lse1[0] = float("-inf")
+    mo, _ = merge_state(nan_o.clone().index_fill_(0, torch.tensor([1, 2]), 0.0), lse1, o, lse)
+    torch.testing.assert_close(mo[0], o[0])
+
+
+# --- Triton kernel ---------------------------------------------------------------------------
+
+# (group sizes, prefix lens, suffix lens, Hq, Hkv, D, dtype, prefix_chunk); kept small: the
+# interpreter costs ~0.1-0.5 s per case. A grid B x P x GQA with the dtype cycling, then cases
+# for mixed groups, split prefixes (prefix_chunk < P) and all-empty suffixes.
+_DTYPES = ["float32", "bfloat16", "float16"]
+TRITON_CASES = [
+    ([B], [P], _suffixes(B, P, seed=B * 10 + P), hq, hkv, 32, _DTYPES[i % 3], 1024)
+    for i, (B, P, (hq, hkv)) in enumerate(
+        (B, P, h) for B in (1, 3, 8) for P in (0, 17, 64) for h in ((4, 4), (8, 2)))
+] + [
+    ([3], [64], [2, 0, 9], 8, 2, 64, "bfloat16", 1024),
+    ([2, 3, 1, 2], [40, 100, 30, 0], [0, 3, 5, 0, 66, 2, 1, 7], 9, 3, 64, "float32", 32),
+    ([2, 3, 1, 2], [40, 100, 30, 0], [0, 3, 5, 0, 66, 2, 1, 7], 9, 3, 64, "float16", 32),
+    ([5], [64], [0, 0, 0, 0, 0], 4, 4, 16, "bfloat16", 16),
+]
+
+_TRITON_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    from feather_kernels import decode_attention_reference, PrefixGroup
+    from feather_kernels.prefix_shared_triton import (
+        plan_decode_triton, prefix_shared_decode_triton)
+    from feather_kernels.synthetic import make_decode_batch
+    results = []
+    for i, (sizes, prefixes, suffixes, hq, hkv, d, dtype, chunk) in enumerate(
+            json.loads(sys.argv[1])):
+        batch = make_decode_batch(sizes, prefixes, suffixes, hq, hkv, d,
+                                  dtype=getattr(torch, dtype), seed=i)
+        ref = decode_attention_reference(*batch.args).float()
+        found = prefix_shared_decode_triton(*batch.args, prefix_chunk=chunk)
+        plan = plan_decode_triton(
+            batch.req_to_token, batch.req_pool_indices, batch.seq_lens, hq // hkv,
+            groups=[PrefixGroup(torch.tensor(m), p) for m, p in batch.groups],
+            prefix_chunk=chunk)
+        given = prefix_shared_decode_triton(*batch.args, plan=plan)
+        results.append({"dtype": found.dtype == batch.q.dtype,
+                        "found": found.float().tolist(), "given": given.float().tolist(),
+                        "ref": ref.tolist()})
+    print("RESULTS" + json.dumps(results))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def triton_interpreted():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRITON_SCRIPT, json.dumps(TRITON_CASES)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS"))
+    return json.loads(line[len("RESULTS"):])
+
+
+@pytest.mark.parametrize("case", range(len(TRITON_CASES)))
+def test_triton_interpreted_matches_reference(triton_interpreted, case):
+    dtype = getattr(torch, TRITON_CASES[case][6])
+    r = triton_interpreted[case]
+    assert r["dtype"], "output dtype must be q's dtype"
+    ref = torch.tensor(r["ref"])
+    # the interpreter truncates fp32 -> bf16 on store: allow one more bf16 ulp
+    tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else TOL[dtype]
+    for key in ("found", "given"):
+        torch.testing.assert_close(torch.tensor(r[key]), ref, **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B,P", [(1, 0), (3, 17), (16, 2048), (64, 513)])
+def test_triton_gpu_matches_reference(B, P, dtype):
+    from feather_kernels.prefix_shared_triton import prefix_shared_decode_triton
+
+    batch = make_decode_batch([B], [P], _suffixes(B, P, seed=B + P), 9, 3, 64, dtype=dtype,
+                              seed=B)
+    cuda = [t.cuda() if isinstance(t, torch.Tensor) else t for t in batch.args]
+    ref = decode_attention_reference(*batch.args)
+    out = prefix_shared_decode_triton(*cuda)
+    # fp32 dots run as tf32 on the GPU
+    tol = dict(atol=5e-3, rtol=5e-3) if dtype == torch.float32 else TOL[dtype]
+    torch.testing.assert_close(out.cpu().float(), ref.float(), **tol)
+
+
+def test_package_import_does_not_import_triton():
+    code = ("import sys, feather_kernels; assert 'triton' not in sys.modules; "
+            "feather_kernels.prefix_shared_decode_triton")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=120)
