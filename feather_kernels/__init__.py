@@ -6,6 +6,9 @@ Three implementations of the same operation, one file each:
 * :mod:`feather_kernels.reference` - plain torch, one request at a time (the oracle).
 * :mod:`feather_kernels.prefix_shared_cpu` - vectorised torch: each group's shared prefix
   once as a matrix product, each request's own suffix batched, merged by log-sum-exp.
+* :mod:`feather_kernels.prefix_shared_extend_cpu` - the same for extend (prefill on a
+  cached prefix): all the group's new tokens against the shared prefix at once, plus each
+  request's own tokens causally.
 * :mod:`feather_kernels.prefix_shared_triton` - one Triton launch with horizontal fusion
   (prefix programs and suffix programs) plus a small merge kernel. Imported lazily: importing
   this package never imports triton.
@@ -25,7 +28,8 @@ from feather_kernels.prefix_shared_cpu import (
     plan_decode,
     prefix_shared_decode,
 )
-from feather_kernels.reference import decode_attention_reference
+from feather_kernels.prefix_shared_extend_cpu import find_extend_groups, prefix_shared_extend
+from feather_kernels.reference import decode_attention_reference, extend_attention_reference
 
 if TYPE_CHECKING:
     from feather_kernels.prefix_shared_triton import prefix_shared_decode_triton
@@ -35,10 +39,13 @@ __all__ = [
     "MIN_SHARED_PREFIX",
     "PrefixGroup",
     "decode_attention_reference",
+    "extend_attention_reference",
+    "find_extend_groups",
     "find_prefix_groups",
     "merge_state",
     "plan_decode",
     "prefix_shared_decode",
+    "prefix_shared_extend",
     "prefix_shared_decode_triton",
 ]
 

@@ -59,3 +59,49 @@ def decode_attention_reference(
         out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v)
     out = out.to(q.dtype)
     return (out, lse) if return_lse else out
+
+
+def extend_attention_reference(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_prefix_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal extend (prefill on top of a cached prefix), one request at a time, fp32 softmax.
+
+    Request ``b`` owns ``extend_seq_lens[b]`` consecutive rows of ``q`` (batch order); its new
+    token ``i`` sits at position ``extend_prefix_lens[b] + i`` and attends keys
+    ``req_to_token[req_pool_indices[b], :extend_prefix_lens[b] + i + 1]`` (its own KV is
+    already in the pool, as SGLang writes it before attention).
+
+    Args:
+        q: ``[T, Hq, D]``, ``T = sum(extend_seq_lens)``.
+        k_buffer, v_buffer, req_to_token, req_pool_indices: as in
+            :func:`decode_attention_reference`.
+        seq_lens, extend_prefix_lens, extend_seq_lens: ``[B]`` int64,
+            ``seq_lens = extend_prefix_lens + extend_seq_lens``.
+
+    Returns:
+        ``[T, Hq, Dv]`` in ``q.dtype``.
+    """
+    T, Hq, D = q.shape
+    group = Hq // k_buffer.shape[1]
+    out = torch.empty(T, Hq, v_buffer.shape[2], dtype=torch.float32, device=q.device)
+    start = 0
+    for b in range(int(seq_lens.shape[0])):
+        n, pre, ext = int(seq_lens[b]), int(extend_prefix_lens[b]), int(extend_seq_lens[b])
+        assert n == pre + ext
+        slots = req_to_token[int(req_pool_indices[b]), :n].long()
+        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [n, Hq, D]
+        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("thd,nhd->htn", q[start: start + ext].float(), k) * scale
+        allowed = torch.arange(n)[None, :] <= (pre + torch.arange(ext))[:, None]  # [ext, n]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out[start: start + ext] = torch.einsum("htn,nhd->thd", torch.softmax(scores, -1), v)
+        start += ext
+    return out.to(q.dtype)

@@ -94,3 +94,54 @@ def make_decode_batch(
     q = torch.randn(B, num_q_heads, head_dim, generator=gen).to(dtype)
     return DecodeBatch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
                        head_dim ** -0.5, groups)
+
+
+@dataclass(frozen=True)
+class ExtendBatch:
+    """One layer's pool and one extend step: ``q`` ``[T, Hq, D]`` (new tokens in batch order);
+    ``extend_prefix_lens`` / ``extend_seq_lens`` ``[B]`` int64; the rest as
+    :class:`DecodeBatch` (``seq_lens = extend_prefix_lens + extend_seq_lens``)."""
+
+    q: torch.Tensor
+    k_buffer: torch.Tensor
+    v_buffer: torch.Tensor
+    req_to_token: torch.Tensor
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    extend_prefix_lens: torch.Tensor
+    extend_seq_lens: torch.Tensor
+    scale: float
+    groups: list[tuple[list[int], int]]
+
+    @property
+    def args(self) -> tuple:
+        return (self.q, self.k_buffer, self.v_buffer, self.req_to_token,
+                self.req_pool_indices, self.seq_lens, self.extend_prefix_lens,
+                self.extend_seq_lens, self.scale)
+
+
+def make_extend_batch(
+    group_sizes: list[int],
+    prefix_lens: list[int],
+    private_cached: list[int],
+    new_tokens: list[int],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> ExtendBatch:
+    """Requests (group by group, in batch order) with a shared cached prefix of the group's
+    length, ``private_cached[r]`` more cached tokens of their own and ``new_tokens[r] >= 1``
+    tokens to extend (their KV already in the pool)."""
+    assert len(private_cached) == len(new_tokens) and min(new_tokens) >= 1
+    own = [c + n for c, n in zip(private_cached, new_tokens)]
+    base = make_decode_batch(group_sizes, prefix_lens, own, num_q_heads, num_kv_heads,
+                             head_dim, dtype=dtype, seed=seed, shuffle=False)
+    shared = [p for size, p in zip(group_sizes, prefix_lens) for _ in range(size)]
+    ext = torch.tensor(new_tokens, dtype=torch.int64)
+    pre = torch.tensor([s + c for s, c in zip(shared, private_cached)], dtype=torch.int64)
+    gen = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(int(ext.sum()), num_q_heads, head_dim, generator=gen).to(dtype)
+    return ExtendBatch(q, base.k_buffer, base.v_buffer, base.req_to_token,
+                       base.req_pool_indices, base.seq_lens, pre, ext, base.scale, base.groups)

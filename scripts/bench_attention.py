@@ -18,6 +18,8 @@ each, SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head dim 64).
 
 Times are medians over repeats, in ms, with ``--threads`` torch threads (default 1). Full grid: B in {4, 16, 64} x P in {512, 2048, 8192} x
 dtype in {float32, bfloat16}; ``--quick``: B in {4, 16} x P in {512, 2048}, float32 only.
+``--extend`` adds the issue's extend case (``prefix_shared_extend`` vs torch_native's extend
+loop, which attends all ``seq_len`` query rows and keeps the new ones).
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ from torch.nn.functional import scaled_dot_product_attention  # noqa: E402
 
 from feather_kernels import (  # noqa: E402
     PrefixGroup,
+    find_extend_groups,
     find_prefix_groups,
     plan_decode,
     prefix_shared_decode,
+    prefix_shared_extend,
 )
-from feather_kernels.synthetic import make_decode_batch  # noqa: E402
+from feather_kernels.synthetic import make_decode_batch, make_extend_batch  # noqa: E402
 
 HQ, HKV, HEAD_DIM = 9, 3, 64  # SmolLM2-135M-Instruct
 SUFFIX = 64
@@ -72,6 +76,60 @@ def torch_native_decode(q, k_cache, v_cache, req_to_token, req_pool_indices, seq
         output[start_q:end_q, :, :] = per_req_out
         start_q = end_q
     return output
+
+
+def torch_native_extend(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                        extend_prefix_lens, extend_seq_lens, scale):
+    """SGLang 0.5.23 torch_native extend (``_run_sdpa_forward_extend``, causal), same tensors."""
+    output = torch.empty_like(q)
+    query = q.movedim(0, q.dim() - 2)
+    enable_gqa = q.shape[1] != k_cache.shape[1]
+    start_q = 0
+    for seq_idx in range(seq_lens.shape[0]):
+        extend_seq_len_q = extend_seq_lens[seq_idx]
+        prefill_seq_len_q = extend_prefix_lens[seq_idx]
+        seq_len_kv = seq_lens[seq_idx]
+        end_q = start_q + extend_seq_len_q
+        per_req_query = query[:, start_q:end_q, :]
+        # NOTE: torch_native attends a full seq_len of query rows (the cached prefix rows
+        # included) and keeps the last extend_seq_len of them.
+        redundant = torch.empty((per_req_query.shape[0], seq_len_kv, per_req_query.shape[2]),
+                                dtype=per_req_query.dtype)
+        redundant[:, prefill_seq_len_q:, :] = per_req_query
+        per_req_tokens = req_to_token[req_pool_indices[seq_idx], 0:seq_len_kv]
+        per_req_key = k_cache[per_req_tokens].movedim(0, query.dim() - 2)
+        per_req_value = v_cache[per_req_tokens].movedim(0, query.dim() - 2)
+        out = scaled_dot_product_attention(
+            redundant.unsqueeze(0), per_req_key.unsqueeze(0), per_req_value.unsqueeze(0),
+            enable_gqa=enable_gqa, scale=scale, is_causal=True,
+        ).squeeze(0).movedim(query.dim() - 2, 0)
+        output[start_q:end_q, :, :] = out[prefill_seq_len_q:, :, :]
+        start_q = end_q
+    return output
+
+
+def run_extend(dtypes, requests: int, prefix: int, new_tokens: int, repeats: int) -> list[dict]:
+    """The issue's extend case: ``requests`` requests extending ``new_tokens`` each over a
+    cached ``prefix``-token shared prefix, one layer."""
+    rows = []
+    for dtype in dtypes:
+        batch = make_extend_batch([requests], [prefix], [0] * requests, [new_tokens] * requests,
+                                  HQ, HKV, HEAD_DIM, dtype=dtype, seed=requests)
+        groups = find_extend_groups(batch.req_to_token, batch.req_pool_indices,
+                                    batch.extend_prefix_lens)
+        native = _median_ms(lambda: torch_native_extend(*batch.args), repeats)
+        feather = _median_ms(lambda: prefix_shared_extend(*batch.args, groups=groups), repeats)
+        err = (prefix_shared_extend(*batch.args, groups=groups).float()
+               - torch_native_extend(*batch.args).float()).abs().max().item()
+        row = {"dtype": str(dtype).removeprefix("torch."), "requests": requests,
+               "P": prefix, "new_tokens": new_tokens, "torch_native_ms": round(native, 2),
+               "feather_ms": round(feather, 2), "speedup": round(native / feather, 2),
+               "max_abs_diff": err, "repeats": repeats}
+        rows.append(row)
+        print(f"extend {row['dtype']:>9} {requests:>3} x {new_tokens} new over P={prefix}: "
+              f"torch_native {native:.1f} ms, feather {feather:.1f} ms, "
+              f"{native / feather:.2f}x", flush=True)
+    return rows
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -141,6 +199,9 @@ def main(argv=None) -> int:
                              "on a shared 2-core machine, as in sglang-on-cpu.md)")
     parser.add_argument("--batches", type=_ints, help="comma-separated B values (overrides the grid)")
     parser.add_argument("--prefixes", type=_ints, help="comma-separated P values (overrides the grid)")
+    parser.add_argument("--extend", action="store_true",
+                        help="also time the issue's extend case (31 requests x 383 new tokens "
+                             "over a cached 815-token prefix), rows under \"extend_rows\"")
     parser.add_argument("--dtype", default="bfloat16",
                         help="second dtype besides float32 (full grid only)")
     args = parser.parse_args(argv)
@@ -174,11 +235,15 @@ def main(argv=None) -> int:
         name = str(dtype).removeprefix("torch.")
         summary[f"speedup_b16_p2048_{name}"] = speedup(16, 2048, name)
         summary[f"speedup_b64_p8192_{name}"] = speedup(64, 8192, name)
+    extend_rows = run_extend(dtypes, 31, 815, 383, 3) if args.extend else []
+    for row in extend_rows:
+        summary[f"extend_speedup_{row['dtype']}"] = row["speedup"]
     print(json.dumps(summary))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"machine": _machine(), "rows": rows, "summary": summary}, f, indent=2)
+            json.dump({"machine": _machine(), "rows": rows, "extend_rows": extend_rows,
+                       "summary": summary}, f, indent=2)
     return 0
 
 

@@ -55,6 +55,15 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+ATTENTION_BACKEND_NAME = "feather"
+
+
+def _register_attention_backend(registry_module) -> None:
+    from feather_sglang.sglang_integration.attention import register
+
+    register(registry_module)
+
+
 def install_hooks() -> None:
     """Register feather's hooks with SGLang's HookRegistry (idempotent)."""
     global _installed
@@ -79,6 +88,13 @@ def install_hooks() -> None:
     reg("sglang.srt.server_args.ServerArgs.add_cli_args", args.add_cli_args_after, HookType.AFTER)
     reg("sglang.srt.server_args.ServerArgs.from_cli_args", args.from_cli_args_after, HookType.AFTER)
     after_import("sglang.srt.entrypoints.engine", args.patch_engine)
+    # --attention-backend feather: the choice now (light), the backend class only where
+    # SGLang's attention registry is loaded (the model runner's process).
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+
+    if ATTENTION_BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([ATTENTION_BACKEND_NAME])
+    after_import("sglang.srt.layers.attention.attention_registry", _register_attention_backend)
     reg(f"{_SCHED}.SchedulePolicy", policy.FeatherSchedulePolicy, HookType.REPLACE)
     reg(f"{_SCHED}.Scheduler.init_schedule_policy", policy.init_schedule_policy_after, HookType.AFTER)
     reg(f"{_SCHED}.Scheduler.get_prefill_adder_class", policy.get_prefill_adder_class_around, HookType.AROUND)

@@ -25,7 +25,9 @@ from feather_kernels import (
     plan_decode,
     prefix_shared_decode,
 )
-from feather_kernels.synthetic import make_decode_batch
+from feather_kernels.prefix_shared_extend_cpu import find_extend_groups, prefix_shared_extend
+from feather_kernels.reference import extend_attention_reference
+from feather_kernels.synthetic import make_decode_batch, make_extend_batch
 
 REPO = Path(__file__).resolve().parents[2]
 # |fast - reference| <= atol + rtol * |reference|, on outputs rounded to the input dtype
@@ -97,6 +99,53 @@ def test_cpu_plan_is_reused_across_layers():
         args = (q, k, v, batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.scale)
         _close(prefix_shared_decode(*args, plan=plan), decode_attention_reference(*args),
                torch.float32)
+
+
+def test_cpu_paths_without_the_fused_flash_op(monkeypatch):
+    # the matmul + softmax fallback, for torch builds without the private flash op
+    import feather_kernels.prefix_shared_cpu as cpu
+
+    monkeypatch.setattr(cpu, "_FLASH_CPU", None)
+    batch = make_decode_batch([3, 2, 1], [40, 20, 0], [0, 5, 70, 1, 3, 9], 8, 2, 32, seed=5)
+    _close(prefix_shared_decode(*batch.args), decode_attention_reference(*batch.args),
+           torch.float32)
+    ext = make_extend_batch([3, 1], [30, 0], [2, 0, 0, 0], [4, 1, 9, 6], 8, 2, 32, seed=6)
+    _close(prefix_shared_extend(*ext.args), extend_attention_reference(*ext.args),
+           torch.float32)
+
+
+# --- extend (prefill on a cached prefix), CPU path --------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)])
+@pytest.mark.parametrize("shape", [
+    # group sizes, shared prefixes, private cached tokens, new tokens
+    ([1], [0], [0], [7]),
+    ([3], [17], [0, 0, 0], [1, 5, 12]),
+    ([4, 2, 1], [50, 0, 20], [2, 0, 5, 0, 0, 4, 0], [5, 10, 1, 3, 7, 5, 2]),
+    ([8], [64], [0, 1, 2, 3, 0, 0, 9, 0], [1, 2, 3, 4, 33, 6, 7, 8]),
+])
+def test_cpu_extend_matches_reference(shape, heads, dtype):
+    sizes, prefixes, private, new = shape
+    batch = make_extend_batch(sizes, prefixes, private, new, *heads, 32, dtype=dtype,
+                              seed=len(new))
+    ref = extend_attention_reference(*batch.args)
+    _close(prefix_shared_extend(*batch.args), ref, dtype)
+    given = [PrefixGroup(torch.tensor(m), p) for m, p in batch.groups]
+    _close(prefix_shared_extend(*batch.args, groups=given), ref, dtype)
+
+
+def test_extend_groups_stop_at_the_cached_prefix():
+    batch = make_extend_batch([3], [30], [4, 0, 2], [5, 6, 7], 4, 4, 16)
+    groups = find_extend_groups(batch.req_to_token, batch.req_pool_indices,
+                                batch.extend_prefix_lens)
+    assert [(g.batch_indices.tolist(), g.prefix_len) for g in groups] == [([0, 1, 2], 30)]
+    # a shorter shared prefix than the cache holds is still exact
+    short = [PrefixGroup(torch.tensor([0, 1, 2]), 20)]
+    _close(prefix_shared_extend(*batch.args, groups=short),
+           extend_attention_reference(*batch.args), torch.float32)
+    with pytest.raises(AssertionError):
+        prefix_shared_extend(*batch.args, groups=[PrefixGroup(torch.tensor([0, 1, 2]), 31)])
 
 
 # --- find_prefix_groups ----------------------------------------------------------------------

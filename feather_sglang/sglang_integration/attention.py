@@ -1,0 +1,59 @@
+"""``--attention-backend feather``: torch_native with prefix-shared decode attention.
+
+First version (issue 4, partial): decode reads each group's shared prefix KV once for all the
+group's requests and merges it with each request's own suffix by log-sum-exp, using the
+vectorised CPU path in :mod:`feather_kernels.prefix_shared_cpu`. Groups are found once per
+forward batch from the requests' leading KV slot ids (a radix-cache hit gives sharing
+requests the same slot ids) and reused by every layer. Extend (prefill), cross-attention and
+sliding-window layers, and batches with nothing shared, run torch_native's own code.
+Not yet: prefix-shared extend, the Triton kernel on GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+from feather_kernels.prefix_shared_cpu import plan_decode, prefix_shared_decode
+
+logger = logging.getLogger(__name__)
+BACKEND_NAME = "feather"
+
+
+class FeatherAttnBackend(TorchNativeAttnBackend):
+    def __init__(self, model_runner) -> None:
+        super().__init__(model_runner)
+        self._decode_plan = None
+        logger.info("feather attention backend: prefix-shared decode (CPU path), torch_native extend")
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        super().init_forward_metadata(forward_batch)
+        self._decode_plan = None
+        if forward_batch.forward_mode.is_decode() and forward_batch.encoder_lens is None:
+            plan = plan_decode(
+                self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens
+            )
+            self._decode_plan = plan if plan.prefix else None  # nothing shared: per-request path
+
+    def _run_sdpa_forward_decode(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices,
+                                 seq_lens, encoder_lens=None, scaling=None, enable_gqa=False, causal=False,
+                                 is_cross_attn=False, sliding_window_size=None):
+        plan = self._decode_plan
+        if plan is None or encoder_lens is not None or is_cross_attn or sliding_window_size is not None:
+            return super()._run_sdpa_forward_decode(
+                query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, encoder_lens,
+                scaling=scaling, enable_gqa=enable_gqa, causal=causal, is_cross_attn=is_cross_attn,
+                sliding_window_size=sliding_window_size,
+            )
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        prefix_shared_decode(
+            query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale, out=output, plan=plan
+        )
+        return output
+
+
+def register(registry_module) -> None:
+    """Run once ``sglang.srt.layers.attention.attention_registry`` is imported."""
+    if BACKEND_NAME not in registry_module.ATTENTION_BACKENDS:
+        registry_module.register_attention_backend(BACKEND_NAME)(lambda runner: FeatherAttnBackend(runner))
