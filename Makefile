@@ -2,7 +2,7 @@
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup env models demo test test-fast bench-overhead bench-overhead-quick bench-dtype clean-models help
+.PHONY: setup env models demo test test-fast bench-overhead bench-overhead-quick bench-attention bench-dtype clean-models help
 
 help:
 	@echo "make demo   - set up, then serve the default model with --schedule-policy feather and print throughput"
@@ -11,6 +11,7 @@ help:
 	@echo "make setup  - .venv/ and models/ only"
 	@echo "make bench-overhead[-quick] - scheduling cost per pass: feather vs SGLang's lpm / dfs-weight"
 	@echo "make bench-dtype - which --dtype serves fastest on this CPU"
+	@echo "make bench-attention - --attention-backend feather vs torch_native: kernel step and real server"
 
 setup: env models
 
@@ -34,6 +35,9 @@ bench-overhead: setup
 
 bench-overhead-quick: setup
 	$(PYTHON) scripts/bench_overhead.py --quick --json results/bench_overhead_quick.json
+
+bench-attention: setup
+	$(PYTHON) scripts/bench_attention.py --extend --server --json results/bench_attention.json
 
 bench-dtype: setup
 	$(PYTHON) scripts/bench_dtype.py --json results/bench_dtype.json

@@ -202,6 +202,10 @@ def main(argv=None) -> int:
     parser.add_argument("--extend", action="store_true",
                         help="also time the issue's extend case (31 requests x 383 new tokens "
                              "over a cached 815-token prefix), rows under \"extend_rows\"")
+    parser.add_argument("--server", metavar="MODEL_DIR", nargs="?",
+                        const=os.path.join(REPO, "models", "SmolLM2-135M-Instruct"),
+                        help="also compare the backends end to end on a real server (default model: "
+                             "SmolLM2): 32 requests sharing a ~740-token prompt, 32 tokens each")
     parser.add_argument("--dtype", default="bfloat16",
                         help="second dtype besides float32 (full grid only)")
     args = parser.parse_args(argv)
@@ -238,12 +242,21 @@ def main(argv=None) -> int:
     extend_rows = run_extend(dtypes, 31, 815, 383, 3) if args.extend else []
     for row in extend_rows:
         summary[f"extend_speedup_{row['dtype']}"] = row["speedup"]
+    server = None
+    if args.server:
+        from feather_sglang.bench.attention_e2e import run_server_comparison
+
+        torch.set_num_threads(os.cpu_count() or 1)  # the servers are separate processes anyway
+        print(f"server comparison on {args.server} ...", flush=True)
+        server = run_server_comparison(args.server, os.path.join(REPO, "results"))
+        summary["server_speedup_total_time"] = server["speedup_total_time"]
+        summary["server_greedy_outputs_equal"] = not server["greedy_problems"]
     print(json.dumps(summary))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"machine": _machine(), "rows": rows, "extend_rows": extend_rows,
-                       "summary": summary}, f, indent=2)
+                       "server": server, "summary": summary}, f, indent=2)
     return 0
 
 

@@ -2,11 +2,13 @@
 
 First version (issue 4, partial): decode reads each group's shared prefix KV once for all the
 group's requests and merges it with each request's own suffix by log-sum-exp, using the
-vectorised CPU path in :mod:`feather_kernels.prefix_shared_cpu`. Groups are found once per
-forward batch from the requests' leading KV slot ids (a radix-cache hit gives sharing
-requests the same slot ids) and reused by every layer. Extend (prefill), cross-attention and
-sliding-window layers, and batches with nothing shared, run torch_native's own code.
-Not yet: prefix-shared extend, the Triton kernel on GPUs.
+vectorised CPU path in :mod:`feather_kernels.prefix_shared_cpu`; extend (prefill over a cached
+prefix) attends each group's cached prefix once for all its new tokens, plus causally within
+each request's own tokens (:mod:`feather_kernels.prefix_shared_extend_cpu`). Groups are found
+once per forward batch from the requests' leading KV slot ids (a radix-cache hit gives sharing
+requests the same slot ids) and reused by every layer. Cross-attention, sliding-window
+layers, and batches with nothing shared run torch_native's own code.
+Not yet: the Triton kernel on GPUs (it exists in feather_kernels, untested on a GPU).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
 from feather_kernels.prefix_shared_cpu import plan_decode, prefix_shared_decode
+from feather_kernels.prefix_shared_extend_cpu import find_extend_groups, prefix_shared_extend
 
 logger = logging.getLogger(__name__)
 BACKEND_NAME = "feather"
@@ -25,12 +28,20 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
     def __init__(self, model_runner) -> None:
         super().__init__(model_runner)
         self._decode_plan = None
-        logger.info("feather attention backend: prefix-shared decode (CPU path), torch_native extend")
+        self._extend_groups = None
+        logger.info("feather attention backend: prefix-shared decode and extend (CPU path)")
 
     def init_forward_metadata(self, forward_batch) -> None:
         super().init_forward_metadata(forward_batch)
-        self._decode_plan = None
-        if forward_batch.forward_mode.is_decode() and forward_batch.encoder_lens is None:
+        self._decode_plan = self._extend_groups = None
+        if forward_batch.encoder_lens is not None:
+            return
+        if forward_batch.forward_mode.is_extend() and forward_batch.extend_prefix_lens is not None:
+            groups = find_extend_groups(
+                self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, forward_batch.extend_prefix_lens
+            )
+            self._extend_groups = groups if any(g.prefix_len > 0 for g in groups) else None
+        elif forward_batch.forward_mode.is_decode():
             plan = plan_decode(
                 self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens
             )
@@ -49,6 +60,24 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         prefix_shared_decode(
             query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale, out=output, plan=plan
+        )
+        return output
+
+
+    def _run_sdpa_forward_extend(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices,
+                                 seq_lens, extend_prefix_lens, extend_seq_lens, encoder_lens=None, scaling=None,
+                                 enable_gqa=False, causal=False, is_cross_attn=False, sliding_window_size=None):
+        groups = self._extend_groups
+        if groups is None or not causal or encoder_lens is not None or is_cross_attn or sliding_window_size is not None:
+            return super()._run_sdpa_forward_extend(
+                query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_prefix_lens,
+                extend_seq_lens, encoder_lens, scaling=scaling, enable_gqa=enable_gqa, causal=causal,
+                is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size,
+            )
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        prefix_shared_extend(
+            query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_prefix_lens,
+            extend_seq_lens, scale, groups=groups, out=output,
         )
         return output
 

@@ -21,4 +21,4 @@ def test_feather_backend_outputs_equal_torch_native(smollm2_model, tmp_path, pol
             outputs[backend] = generate_all(server.url, prompts, max_new_tokens=12)
     problems = compare_greedy(outputs["feather"], outputs["torch_native"])
     assert not problems, "\n".join(problems)
-    assert "feather attention backend: prefix-shared decode" in (tmp_path / "feather.log").read_text()
+    assert "feather attention backend: prefix-shared decode and extend" in (tmp_path / "feather.log").read_text()
