@@ -33,14 +33,7 @@ class Plan:
 
     rids: list[Hashable] = field(default_factory=list)
     starved: int = 0  # how many of ``rids`` were admitted by the starvation bound
-    stop_reason: str = "empty"  # empty | agent | limit | prefix-leader
-
-    def __contains__(self, rid: Hashable) -> bool:
-        return rid in self._set
-
-    @property
-    def _set(self) -> set:
-        return set(self.rids)
+    stop_reason: str = "empty"  # empty | agent | limit | budget | prefix-leader
 
 
 @dataclass(slots=True)
