@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from feather_sglang.tools.server import SGLangServer  # noqa: E402
-from tests.e2e.workload import generate_all, shared_prefix_prompts  # noqa: E402
+from feather_sglang.tools.workload import generate_all, shared_prefix_prompts  # noqa: E402
 
 DEFAULT_MODEL = REPO / "models" / "SmolLM2-135M-Instruct"
 

@@ -14,7 +14,7 @@ def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: 
     """Total time of ``requests`` greedy requests sharing one ~740-token system prompt (cold
     server: the first request computes the prefix), per backend; outputs must agree."""
     from feather_sglang.tools.server import SGLangServer
-    from tests.e2e.workload import compare_greedy, generate_all, shared_prefix_prompts
+    from feather_sglang.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
 
     prompts = shared_prefix_prompts(1, requests, repeat=prefix_repeat)
     times: dict[str, list[float]] = {"feather": [], "torch_native": []}

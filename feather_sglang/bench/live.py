@@ -25,7 +25,7 @@ def run_live(model: str, log_path: Path, groups: int = 4, per_group: int = 16, r
              max_new_tokens: int = 64) -> dict:
     """Serve ``model`` with feather, send the shared-prefix batch, return the logged shares."""
     from feather_sglang.tools.server import SGLangServer
-    from tests.e2e.workload import generate_all, shared_prefix_prompts
+    from feather_sglang.tools.workload import generate_all, shared_prefix_prompts
 
     prompts = shared_prefix_prompts(groups, per_group, repeat=repeat)
     args = ["--decode-log-interval", "10", "--max-running-requests", "16"]

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from feather_sglang.tools.server import SGLangServer
-from tests.e2e.workload import compare_greedy, generate_all, homogeneity, shared_prefix_prompts
+from feather_sglang.tools.workload import compare_greedy, generate_all, homogeneity, shared_prefix_prompts
 
 pytestmark = pytest.mark.e2e
 

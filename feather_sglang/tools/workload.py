@@ -1,4 +1,5 @@
-"""A shared-prefix workload sent concurrently to a real server, and greedy-output comparison."""
+"""A shared-prefix workload sent concurrently to a real server, and greedy-output comparison
+(used by the demo, the benchmarks and the end-to-end tests)."""
 
 from __future__ import annotations
 
