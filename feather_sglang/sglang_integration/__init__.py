@@ -107,4 +107,4 @@ def install_hooks() -> None:
     reg(f"{_SCHED}.Scheduler.run_batch", policy.run_batch_around, HookType.AROUND)
     reg(f"{_SCHED}.Scheduler.on_idle", policy.on_idle_after, HookType.AFTER)
     if os.environ.get(trace.ENV):
-        reg(f"{_SCHED}.Scheduler.get_next_batch_to_run", trace.get_next_batch_to_run_after, HookType.AFTER)
+        reg(f"{_SCHED}.Scheduler.get_next_batch_to_run", trace.get_next_batch_to_run_around, HookType.AROUND)

@@ -74,19 +74,12 @@ def add_cli_args_after(result, parser: argparse.ArgumentParser):
     defaults = FeatherConfig()
     for flag, field in FeatherConfig.options():
         default = getattr(defaults, field.name)
-        extra = {}
-        if field.name == "agent":
-            from feather_sglang.agents import agent_names
-
-            extra["choices"] = agent_names()
-        else:
-            extra["type"] = _argparse_type(field.name, field.metadata["check"])
         group.add_argument(
             flag,
             dest="feather_" + field.name,
             default=None,
+            type=_argparse_type(field.name, field.metadata["check"]),
             help=f"{field.metadata['help']} Default: {default}.",
-            **extra,
         )
     return result
 

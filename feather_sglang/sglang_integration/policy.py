@@ -24,6 +24,7 @@ from sglang.srt.mem_cache.common import match_kv_cache
 
 from feather_sglang.planner import AdmissionPlanner
 from feather_sglang.sglang_integration.args import POLICY_NAME, feather_config_of
+from feather_sglang.sglang_integration import trace
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -129,6 +130,8 @@ class FeatherState:
             max_new=max(max_new, 0),
             cached_prefix_tokens=self._cached_prefix_tokens if self.radix_enabled else None,
             token_budget=scheduler.max_prefill_tokens,
+            kv_free_tokens=self._kv_free_tokens(),
+            kv_capacity_tokens=getattr(scheduler, "max_total_num_tokens", None),
         )
         self.plan_rids = frozenset(plan.rids)
         if plan.rids:
@@ -137,6 +140,15 @@ class FeatherState:
             waiting_queue[:] = [reqs[rid] for rid in plan.rids] + rest
         self.sched_seconds += time.perf_counter() - start
         self.passes += 1
+
+    def _kv_free_tokens(self) -> Optional[int]:
+        """KV cache tokens free or evictable now (the agent's memory headroom); None if the
+        scheduler does not expose them."""
+        try:
+            free = self.scheduler.token_to_kv_pool_allocator.available_size()
+            return free + (self.tree_cache.evictable_size() if self.radix_enabled else 0)
+        except AttributeError:
+            return None
 
     def _cached_prefix_tokens(self, rid) -> int:
         req = self.reqs[rid]
@@ -211,11 +223,16 @@ def add_request_to_queue_after(result, scheduler, req, *args, **kwargs):
 
 def run_batch_around(original, scheduler, batch, *args, **kwargs):
     state = _feather_state(scheduler)
-    if state is None:
+    tracer = trace.tracer()
+    if state is None and tracer is None:
         return original(scheduler, batch, *args, **kwargs)
     started = time.perf_counter()
     result = original(scheduler, batch, *args, **kwargs)
-    state.on_step(batch, started, time.perf_counter())
+    ended = time.perf_counter()
+    if state is not None:
+        state.on_step(batch, started, ended)
+    if tracer is not None:
+        tracer.record(batch, ended - started)
     return result
 
 

@@ -1,13 +1,19 @@
-"""Optional batch trace, for any schedule policy: which requests ran together in each step.
+"""Optional batch trace, for any schedule policy: which requests ran together in each step,
+and what scheduling and the step cost.
 
 Enabled by ``FEATHER_BATCH_TRACE=/path/file.jsonl`` in the server's environment; each
-scheduler process appends one JSON line per forward step::
+scheduler process appends one JSON line per forward step, written after the step ran::
 
-    {"t": <monotonic s>, "mode": "extend"|"decode", "rids": [...], "prefix_tokens": <int>}
+    {"t": <monotonic s>, "mode": "extend"|"decode", "rids": [...], "prefix_tokens": <int>,
+     "extend_tokens": <int>, "sched_s": <float>, "step_s": <float>}
 
-``prefix_tokens`` is the longest prompt prefix common to every request of the step. The
-end-to-end tests and the A/B benchmarks read it to compare how prefix-homogeneous the
-batches of different policies are. Off by default: it costs O(batch x prefix) per step.
+``prefix_tokens`` is the longest prompt prefix common to every request of the step;
+``extend_tokens`` the prompt tokens computed by an extend step (0 for decode); ``sched_s`` the
+time ``Scheduler.get_next_batch_to_run`` took to choose this batch (the policy's ordering and
+prefix matching included) and ``step_s`` the time ``Scheduler.run_batch`` took to run it. The
+end-to-end tests and the A/B tool read it to compare how prefix-homogeneous the batches of
+different policies are and what each policy spends on scheduling. Off by default: it costs
+O(batch x prefix) per step, outside both timed spans.
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ def common_prefix_len(prompts) -> int:
 class BatchTracer:
     def __init__(self, path: str) -> None:
         self._file = open(path, "a", buffering=1)
+        self.sched_s = 0.0  # the last get_next_batch_to_run, waiting for its step
 
-    def record(self, batch) -> None:
+    def record(self, batch, step_s: float) -> None:
         if batch is None or not batch.reqs:
             return
         mode = batch.forward_mode
@@ -53,22 +60,35 @@ class BatchTracer:
                     "mode": kind,
                     "rids": [r.rid for r in batch.reqs],
                     "prefix_tokens": common_prefix_len(prompts),
+                    "extend_tokens": int(batch.extend_num_tokens or 0) if kind == "extend" else 0,
+                    "sched_s": round(self.sched_s, 7),
+                    "step_s": round(step_s, 7),
                 }
             )
             + "\n"
         )
+        self.sched_s = 0.0
 
 
 _tracer: BatchTracer | None = None
 
 
-def get_next_batch_to_run_after(result, scheduler, *args, **kwargs):
+def tracer() -> BatchTracer | None:
     global _tracer
     path = os.environ.get(ENV)
-    if path:
-        if _tracer is None:
-            _tracer = BatchTracer(path)
-        _tracer.record(result.batch_to_run)
+    if path and _tracer is None:
+        _tracer = BatchTracer(path)
+    return _tracer
+
+
+def get_next_batch_to_run_around(original, scheduler, *args, **kwargs):
+    started = time.perf_counter()
+    result = original(scheduler, *args, **kwargs)
+    t = tracer()
+    if t is not None:
+        # NOTE: passes that chose nothing (idle, or waiting on memory) add to the next step's
+        # scheduling time, so that sched_s sums to all the time spent choosing batches.
+        t.sched_s += time.perf_counter() - started
     return result
 
 

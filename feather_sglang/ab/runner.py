@@ -1,0 +1,159 @@
+"""Run one workload under one configuration, on a fresh SGLang each time.
+
+Offline mode runs ``sglang.Engine`` in a child process (``python -m feather_sglang.ab.worker``)
+so that every configuration starts from the same state and nothing of one run (memory, radix
+cache, hooks) leaks into the next; online mode starts a real ``sglang.launch_server`` and
+sends the requests over HTTP at their arrival times. Both warm the model up on a short
+unrelated prompt, flush the cache, then send the workload, with ``FEATHER_BATCH_TRACE``
+recording every step (see ``sglang_integration/trace.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from feather_sglang.ab.client import RequestRecord
+from feather_sglang.sglang_integration.trace import ENV as TRACE_ENV
+from feather_sglang.sglang_integration.trace import read_trace
+from feather_sglang.workloads import Workload, write_workload_file
+
+WARMUP_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class ABConfig:
+    """One configuration of the comparison: a schedule policy, an attention backend and, for
+    feather, its stop/add agent."""
+
+    policy: str
+    attention_backend: str
+    agent: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        policy = f"{self.policy}[{self.agent}]" if self.agent else self.policy
+        return f"{policy} + {self.attention_backend}"
+
+    def engine_kwargs(self) -> dict:
+        kw = {"schedule_policy": self.policy, "attention_backend": self.attention_backend}
+        if self.agent:
+            kw["feather_agent"] = self.agent
+        return kw
+
+    def server_args(self) -> list[str]:
+        args = ["--attention-backend", self.attention_backend]
+        if self.agent:
+            args += ["--feather-agent", self.agent]
+        return args
+
+
+@dataclass(frozen=True)
+class Common:
+    """What every configuration shares: model, memory budget, numerics, seed."""
+
+    model_path: str
+    dtype: str = "float32"
+    max_total_tokens: int = 65536
+    max_running_requests: int = 16
+    seed: int = 0
+    extra_engine_kwargs: dict = field(default_factory=dict)
+
+    def engine_kwargs(self) -> dict:
+        return {
+            "model_path": self.model_path, "dtype": self.dtype, "max_total_tokens": self.max_total_tokens,
+            "max_running_requests": self.max_running_requests, "random_seed": self.seed, "log_level": "error",
+            **self.extra_engine_kwargs,
+        }
+
+    def server_args(self) -> list[str]:
+        args = ["--dtype", self.dtype, "--max-total-tokens", str(self.max_total_tokens),
+                "--max-running-requests", str(self.max_running_requests), "--random-seed", str(self.seed)]
+        for k, v in self.extra_engine_kwargs.items():
+            args += [f"--{k.replace('_', '-')}", str(v)]
+        return args
+
+
+@dataclass
+class RunResult:
+    config: ABConfig
+    records: list[RequestRecord]
+    makespan_s: float
+    trace: list[dict]  # the workload's steps only (warm-up excluded)
+    log_path: Optional[str] = None
+
+
+def warmup_ids(workload: Workload) -> list[int]:
+    # NOTE: token ids no request starts with, so the warm-up leaves nothing useful in the cache
+    first = {r.input_ids[0] for r in workload.requests}
+    tok = next(t for t in range(100, 100000) if t not in first)
+    return [tok] * WARMUP_TOKENS
+
+
+def _trace_after(path: Path, start: float) -> list[dict]:
+    if not path.exists():
+        return []
+    return [e for e in read_trace(path) if e["t"] >= start]
+
+
+def run_offline(workload: Workload, config: ABConfig, common: Common, workdir: Path) -> RunResult:
+    """One configuration through ``sglang.Engine`` in a child process."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    stem = config.name.replace(" + ", "__").replace("[", "_").replace("]", "")
+    wl_path, out_path = workdir / "workload.jsonl", workdir / f"{stem}.out.json"
+    trace_path, log_path = workdir / f"{stem}.trace.jsonl", workdir / f"{stem}.log"
+    write_workload_file(workload, wl_path)
+    for p in (trace_path, out_path):
+        p.unlink(missing_ok=True)
+    spec = {"engine_kwargs": {**common.engine_kwargs(), **config.engine_kwargs()}, "workload": str(wl_path),
+            "out": str(out_path), "desc": config.name}
+    spec_path = workdir / f"{stem}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    progress_fd = os.dup(sys.stderr.fileno())  # the progress bar to our terminal, the rest to the log
+    env = {**os.environ, TRACE_ENV: str(trace_path), "FEATHER_AB_PROGRESS_FD": str(progress_fd)}
+    try:
+        with open(log_path, "w") as log:
+            proc = subprocess.run([sys.executable, "-m", "feather_sglang.ab.worker", str(spec_path)], env=env,
+                                  stdout=log, stderr=subprocess.STDOUT, pass_fds=(progress_fd,))
+    finally:
+        os.close(progress_fd)
+    if proc.returncode != 0 or not out_path.exists():
+        raise RuntimeError(f"{config.name}: the engine run failed (exit code {proc.returncode}); see {log_path}")
+    out = json.loads(out_path.read_text())
+    records = [RequestRecord(**r) for r in out["records"]]
+    return RunResult(config, records, out["makespan_s"], _trace_after(trace_path, out["start_monotonic"]), str(log_path))
+
+
+def run_online(workload: Workload, config: ABConfig, common: Common, workdir: Path) -> RunResult:
+    """One configuration through a real ``sglang.launch_server`` over HTTP."""
+    import requests
+
+    from feather_sglang.ab.client import drive_server
+    from feather_sglang.tools.server import SGLangServer
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    stem = config.name.replace(" + ", "__").replace("[", "_").replace("]", "")
+    trace_path, log_path = workdir / f"{stem}.trace.jsonl", workdir / f"{stem}.server.log"
+    trace_path.unlink(missing_ok=True)
+    server = SGLangServer(common.model_path, config.policy, [*common.server_args(), *config.server_args()],
+                          log_path=log_path, env={TRACE_ENV: str(trace_path)})
+    with server:
+        r = requests.post(server.url + "/generate", json={
+            "input_ids": warmup_ids(workload), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, timeout=600)
+        r.raise_for_status()
+        requests.post(server.url + "/flush_cache", timeout=60).raise_for_status()
+        start = time.monotonic()
+        records, makespan = asyncio.run(drive_server(workload, server.url, config.name))
+    return RunResult(config, records, makespan, _trace_after(trace_path, start), str(log_path))
+
+
+def scratch_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="feather-ab-"))
