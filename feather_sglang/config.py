@@ -56,14 +56,14 @@ def _positive_seconds(name: str, value: Any) -> float:
 
 
 def _agent_name(name: str, value: Any) -> str:
-    from feather_sglang.agents import agent_names
+    """An agent name, or ``ppo:PATH`` / ``dqn:PATH`` whose file is loaded and checked here, so a
+    bad file stops start-up instead of failing mid-serving."""
+    from feather_sglang.agents import validate_agent
 
-    allowed = agent_names()
-    if not isinstance(value, str) or value not in allowed:
-        raise FeatherConfigError(
-            f"{_option(name)}: unknown agent {value!r}; allowed: {', '.join(allowed)}"
-        )
-    return value
+    try:
+        return validate_agent(value)
+    except ValueError as exc:
+        raise FeatherConfigError(f"{_option(name)}: {exc}") from None
 
 
 def _boolean(name: str, value: Any) -> bool:
@@ -93,7 +93,9 @@ class FeatherConfig:
     )
     agent: str = _opt(
         "static", _agent_name,
-        "Stop/add agent deciding when to stop admitting mixed-prefix requests into the running batch.",
+        "Stop/add agent deciding when to stop admitting mixed-prefix requests into the running batch: "
+        "static (the paper's rule), ucb (contextual bandit, learns online), qlearning (tabular, "
+        "learns online), ppo:PATH or dqn:PATH (a policy trained with feather-train).",
     )
     # The static rule (paper's heuristic): admit the first request; admit while the shared
     # prefix shrinks by at most `static_max_loss` chunks (`static_max_loss_crowded` when at

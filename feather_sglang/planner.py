@@ -128,6 +128,8 @@ class AdmissionPlanner:
         max_new: int,
         cached_prefix_tokens: Callable[[Hashable], int] | None = None,
         token_budget: int | None = None,
+        kv_free_tokens: int | None = None,
+        kv_capacity_tokens: int | None = None,
     ) -> Plan:
         """Choose up to ``max_new`` waiting requests to admit this pass.
 
@@ -136,6 +138,8 @@ class AdmissionPlanner:
         ``token_budget`` (prefill tokens the scheduler can take this pass) stops planning once
         the picks' estimated new tokens (their chunks missing from the running batch) reach
         it: planning what cannot be admitted only costs a rollback.
+        ``kv_free_tokens`` / ``kv_capacity_tokens`` (KV cache tokens free, incl. evictable, and
+        in all) give the agent its memory headroom; None: headroom 1.0.
         """
         start = time.perf_counter()
         self.end_pass(())  # a plan the scheduler never consumed is rolled back
@@ -177,6 +181,7 @@ class AdmissionPlanner:
                 chunks_after=view.chunks_after,
                 waiting=view.waiting,
                 queue_len=cht.num_waiting,
+                memory_headroom=_headroom(kv_free_tokens, kv_capacity_tokens, planned_tokens),
             )
             if agent.decide(state) is Action.STOP:
                 plan.stop_reason = "agent"
@@ -245,3 +250,10 @@ class AdmissionPlanner:
     def take_stats(self) -> PlannerStats:
         stats, self.stats = self.stats, PlannerStats()
         return stats
+
+
+def _headroom(free: int | None, capacity: int | None, planned_tokens: int) -> float:
+    """Fraction of the KV capacity still free once this pass's picks so far are counted."""
+    if free is None or not capacity:
+        return 1.0
+    return min(max((free - planned_tokens) / capacity, 0.0), 1.0)

@@ -1,11 +1,18 @@
-"""Stop/add agents by name. Later agents register here with :func:`register_agent`."""
+"""Stop/add agents by name. Agents register here with :func:`register_agent`.
+
+An agent spec is a name (``static``, ``ucb``, ``qlearning``) or, for agents loaded from a
+file (``takes_path``), ``name:PATH`` (``ppo:PATH``, ``dqn:PATH``).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from feather_sglang.agents.base import Action, AgentState, StopAddAgent
+from feather_sglang.agents.learned import DQNAgent, PolicyFileError, PPOAgent
+from feather_sglang.agents.qlearning import QLearningAgent
 from feather_sglang.agents.static import StaticRuleAgent
+from feather_sglang.agents.ucb import UCBAgent
 
 if TYPE_CHECKING:
     from feather_sglang.config import FeatherConfig
@@ -22,14 +29,42 @@ def agent_names() -> list[str]:
     return sorted(_AGENTS)
 
 
+def agent_choices() -> list[str]:
+    """What ``--feather-agent`` accepts, for messages: names, and ``name:PATH`` forms."""
+    return [f"{n}:PATH" if getattr(_AGENTS[n], "takes_path", False) else n for n in agent_names()]
+
+
+def _lookup(spec: str) -> tuple[type[StopAddAgent], str | None]:
+    name, colon, path = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    cls = _AGENTS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown agent {spec!r}; allowed: {', '.join(agent_choices())}")
+    if getattr(cls, "takes_path", False) != bool(colon):
+        if colon:
+            raise ValueError(f"agent {name!r} takes no file; allowed: {', '.join(agent_choices())}")
+        raise ValueError(f"agent {name!r} needs a model file: {name}:PATH")
+    if colon and not path:
+        raise ValueError(f"agent {name!r} needs a model file: {name}:PATH")
+    return cls, path or None
+
+
+def validate_agent(spec: str) -> str:
+    """Check an agent spec, loading a model file if it names one; ValueError says what is wrong."""
+    cls, path = _lookup(spec)
+    if path is not None:
+        cls.validate(path)  # PolicyFileError (a ValueError) with the file and the problem
+    return spec
+
+
 def make_agent(config: "FeatherConfig") -> StopAddAgent:
-    try:
-        cls = _AGENTS[config.agent]
-    except KeyError:
-        raise ValueError(f"unknown agent {config.agent!r}; allowed: {', '.join(agent_names())}") from None
+    cls, _ = _lookup(config.agent)
     return cls(config)
 
 
-register_agent(StaticRuleAgent)
+for _cls in (StaticRuleAgent, UCBAgent, QLearningAgent, PPOAgent, DQNAgent):
+    register_agent(_cls)
 
-__all__ = ["Action", "AgentState", "StopAddAgent", "StaticRuleAgent", "agent_names", "make_agent", "register_agent"]
+__all__ = [
+    "Action", "AgentState", "StopAddAgent", "StaticRuleAgent", "UCBAgent", "QLearningAgent", "PPOAgent",
+    "DQNAgent", "PolicyFileError", "agent_choices", "agent_names", "make_agent", "register_agent", "validate_agent",
+]

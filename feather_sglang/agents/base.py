@@ -30,6 +30,8 @@ class AgentState:
     waiting:       waiting requests that hold the chain key at depth ``chunks_after`` (they
                    could join later without shrinking the chain further).
     queue_len:     requests waiting in all.
+    memory_headroom: fraction of the KV cache's token capacity still free with this pass's
+                   earlier picks counted as used, in [0, 1] (1.0 where unknown).
     """
 
     batch_size: int
@@ -37,6 +39,7 @@ class AgentState:
     chunks_after: int
     waiting: int
     queue_len: int
+    memory_headroom: float = 1.0
 
     @property
     def delta(self) -> int:

@@ -20,7 +20,7 @@ def test_defaults_are_the_papers_values():
         ({"chunk_size": 0}, "--feather-chunk-size must be an integer >= 1, got 0"),
         ({"chunk_size": 2.5}, "--feather-chunk-size must be an integer >= 1, got 2.5"),
         ({"chunk_size": "x"}, "--feather-chunk-size must be an integer >= 1, got 'x'"),
-        ({"agent": "nope"}, "--feather-agent: unknown agent 'nope'; allowed: static"),
+        ({"agent": "nope"}, "--feather-agent: unknown agent 'nope'; allowed: dqn:PATH, ppo:PATH, qlearning, static, ucb"),
         ({"max_wait_s": -1}, "--feather-max-wait-s must be a number of seconds > 0"),
         ({"max_wait_s": 0}, "--feather-max-wait-s must be a number of seconds > 0"),
         ({"max_wait_s": float("nan")}, "--feather-max-wait-s must be a number of seconds > 0"),
@@ -56,7 +56,7 @@ def _state(batch, before, after, waiting=0, queue=10):
 
 def test_static_rule():
     agent = make_agent(FeatherConfig())
-    assert isinstance(agent, StaticRuleAgent) and agent_names() == ["static"]
+    assert isinstance(agent, StaticRuleAgent) and agent_names() == ["dqn", "ppo", "qlearning", "static", "ucb"]
     assert agent.decide(_state(0, 0, 40)) is Action.ADD  # first request always
     assert agent.decide(_state(3, 20, 15)) is Action.ADD  # loss 5 <= 5
     assert agent.decide(_state(3, 20, 14)) is Action.STOP  # loss 6 > 5

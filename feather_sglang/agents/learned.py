@@ -1,0 +1,181 @@
+"""Policies trained offline with Stable-Baselines3, served as a numpy forward pass.
+
+``--feather-agent ppo:PATH`` / ``dqn:PATH`` name a model file written by ``feather-train``: a
+Stable-Baselines3 ``.zip`` plus a ``feather_policy.json`` member recording the algorithm, the
+observation layout (``features.layout()``), the activation and the provenance. At load time the
+MLP's weights are read once (``torch.load`` of the zip's ``policy.pth``, weights only) into
+numpy arrays; a decision is then ``features.observe`` and a few small matrix products, no torch
+call. Everything that can be wrong with the file (missing, not a zip, another algorithm, another
+observation layout, unexpected shapes) raises :class:`PolicyFileError` at load, which the
+config turns into a start-up error.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from feather_sglang.agents.base import Action, AgentState, StopAddAgent
+from feather_sglang.agents.features import OBS_DIM, OBS_FIELDS, OBS_VERSION, observe
+
+META_MEMBER = "feather_policy.json"
+WEIGHTS_MEMBER = "policy.pth"
+# Where each algorithm's MLP lives in SB3's state dict (hidden layers, then the output layer).
+_LAYER_PREFIXES = {
+    "ppo": ("mlp_extractor.policy_net.", "action_net."),
+    "dqn": ("q_net.q_net.", None),  # SB3's QNetwork: one Sequential, the last Linear is the output
+}
+_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
+
+
+class PolicyFileError(ValueError):
+    """A policy file cannot be served; the message says which file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class NumpyPolicy:
+    """An MLP: ``weights[i]`` of shape (in, out), ``biases[i]`` (out,), ``activation`` between
+    layers; the output has one value per action (logits for PPO, Q-values for DQN)."""
+
+    algo: str
+    weights: tuple[np.ndarray, ...]
+    biases: tuple[np.ndarray, ...]
+    activation: str
+    meta: dict
+
+    def forward(self, obs: np.ndarray) -> np.ndarray:
+        act = _ACTIVATIONS[self.activation]
+        x = obs
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            x = x @ w + b
+            if i < last:
+                x = act(x)
+        return x
+
+    def act(self, obs: np.ndarray) -> Action:
+        out = self.forward(obs)
+        return Action.ADD if out[1] >= out[0] else Action.STOP
+
+
+def load_policy(path: str | Path, algo: str) -> NumpyPolicy:
+    """Read a ``feather-train`` model file for ``algo`` ('ppo' or 'dqn') into numpy."""
+    path = Path(path)
+    where = f"{algo}:{path}"
+    if not path.is_file():
+        raise PolicyFileError(f"{where}: no such file (train one with feather-train, or use the shipped "
+                              "feather_rl/agents/*.zip)")
+    if not zipfile.is_zipfile(path):
+        raise PolicyFileError(f"{where}: not a Stable-Baselines3 model file (.zip)")
+    with zipfile.ZipFile(path) as zf:
+        names = set(zf.namelist())
+        if META_MEMBER not in names:
+            raise PolicyFileError(f"{where}: has no {META_MEMBER}; only models written by feather-train "
+                                  "record the observation layout they were trained on")
+        try:
+            meta = json.loads(zf.read(META_MEMBER))
+        except ValueError as e:
+            raise PolicyFileError(f"{where}: {META_MEMBER} is not valid JSON ({e})") from None
+        if meta.get("algo") != algo:
+            raise PolicyFileError(f"{where}: the file holds a {meta.get('algo')!r} policy, not {algo!r}; "
+                                  f"use --feather-agent {meta.get('algo')}:{path}")
+        if meta.get("obs_version") != OBS_VERSION or meta.get("obs_fields") != list(OBS_FIELDS):
+            raise PolicyFileError(
+                f"{where}: incompatible observation layout: trained on version {meta.get('obs_version')} "
+                f"{meta.get('obs_fields')}, this server observes version {OBS_VERSION} {list(OBS_FIELDS)}; "
+                "retrain with feather-train")
+        activation = meta.get("activation")
+        if activation not in _ACTIVATIONS:
+            raise PolicyFileError(f"{where}: unknown activation {activation!r}; allowed: {', '.join(_ACTIVATIONS)}")
+        if WEIGHTS_MEMBER not in names:
+            raise PolicyFileError(f"{where}: has no {WEIGHTS_MEMBER} (the network's weights)")
+        state_dict = _load_state_dict(zf.read(WEIGHTS_MEMBER), where)
+    weights, biases = _extract_layers(state_dict, algo, where)
+    if weights[0].shape[0] != OBS_DIM or weights[-1].shape[1] != 2:
+        raise PolicyFileError(f"{where}: incompatible network: input {weights[0].shape[0]} (expected {OBS_DIM} "
+                              f"observations), output {weights[-1].shape[1]} (expected 2 actions)")
+    for a, b in zip(weights, weights[1:]):
+        if a.shape[1] != b.shape[0]:
+            raise PolicyFileError(f"{where}: layer shapes do not chain: {a.shape} then {b.shape}")
+    return NumpyPolicy(algo, tuple(weights), tuple(biases), activation, meta)
+
+
+def _load_state_dict(data: bytes, where: str) -> dict:
+    import torch  # only here, once, at load time
+
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is a start-up error
+        raise PolicyFileError(f"{where}: cannot read {WEIGHTS_MEMBER}: {e}") from None
+
+
+def _extract_layers(state_dict: dict, algo: str, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    hidden_prefix, out_prefix = _LAYER_PREFIXES[algo]
+    indices = sorted({int(k[len(hidden_prefix):].split(".")[0]) for k in state_dict
+                      if k.startswith(hidden_prefix) and k.endswith(".weight")})
+    prefixes = [f"{hidden_prefix}{i}." for i in indices] + ([out_prefix] if out_prefix else [])
+    weights, biases = [], []
+    for prefix in prefixes:
+        try:
+            w, b = state_dict[prefix + "weight"], state_dict[prefix + "bias"]
+        except KeyError:
+            raise PolicyFileError(f"{where}: the weights have no {prefix}weight/bias: not an SB3 {algo} MlpPolicy") from None
+        weights.append(np.ascontiguousarray(w.detach().cpu().numpy().T, dtype=np.float32))
+        biases.append(np.ascontiguousarray(b.detach().cpu().numpy(), dtype=np.float32))
+    if not weights:
+        raise PolicyFileError(f"{where}: no {algo} network weights found")
+    return weights, biases
+
+
+_CACHE: dict[tuple[str, str, float], NumpyPolicy] = {}
+
+
+def cached_policy(path: str, algo: str) -> NumpyPolicy:
+    """load_policy, once per (file, mtime): the config validates the file, the agent reuses it."""
+    resolved = Path(path).resolve()
+    key = (str(resolved), algo, resolved.stat().st_mtime if resolved.is_file() else -1.0)
+    if key not in _CACHE:
+        _CACHE[key] = load_policy(path, algo)
+    return _CACHE[key]
+
+
+class LearnedAgent(StopAddAgent):
+    """A trained policy's greedy action; ADD on an empty batch (STOP would run nothing)."""
+
+    algo: str = ""
+    takes_path = True
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        _, _, path = config.agent.partition(":")
+        self.policy = cached_policy(path, self.algo)
+
+    @classmethod
+    def validate(cls, path: str) -> None:
+        cached_policy(path, cls.algo)
+
+    def decide(self, state: AgentState) -> Action:
+        if state.batch_size == 0:
+            return Action.ADD
+        return self.policy.act(observe(state))
+
+    def checkpoint(self) -> object:  # stateless: nothing to copy per pass
+        return None
+
+    def restore(self, checkpoint: object) -> None:
+        pass
+
+
+class PPOAgent(LearnedAgent):
+    name = "ppo"
+    algo = "ppo"
+
+
+class DQNAgent(LearnedAgent):
+    name = "dqn"
+    algo = "dqn"
