@@ -2,7 +2,7 @@
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup env models demo test test-fast bench-overhead bench-overhead-quick bench-attention bench-dtype clean-models help
+.PHONY: setup env models demo test test-fast bench-overhead bench-overhead-quick bench-attention bench-dtype clean-models help gpu-check
 
 help:
 	@echo "make demo   - set up, then serve the default model with --schedule-policy feather and print throughput"
@@ -41,6 +41,10 @@ bench-attention: setup
 
 bench-dtype: setup
 	$(PYTHON) scripts/bench_dtype.py --json results/bench_dtype.json
+
+# On a machine with an NVIDIA GPU (no setup: a GPU host's python3 holds CUDA torch; .venv's is CPU)
+gpu-check:
+	bash scripts/gpu_check.sh
 
 clean-models:
 	rm -rf models
