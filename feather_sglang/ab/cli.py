@@ -58,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-running-requests", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1, help="runs per configuration (medians reported)")
+    p.add_argument("--threads", type=int, help="torch/OpenMP threads of each SGLang run (default: torch's own "
+                   "choice, all cores); 1 keeps timings stable on a small machine that runs anything else")
     p.add_argument("--json", help="write the results here (default results/ab/<workload>.json)")
     p.add_argument("--chart", help="PNG chart (default: next to --json)")
     p.add_argument("--work-dir", help="logs and traces (default: a new temporary directory)")
@@ -86,7 +88,7 @@ def validate(args) -> tuple[list[ABConfig], list[str]]:
         if a not in agent_names() and ":" not in a:
             problems.append(f"--feather-agents: unknown agent {a!r}; allowed: {', '.join(agent_names())} or KIND:PATH")
     for name, v in [("--repeats", args.repeats), ("--max-running-requests", args.max_running_requests),
-                    ("--max-total-tokens", args.max_total_tokens)]:
+                    ("--max-total-tokens", args.max_total_tokens), ("--threads", args.threads or 1)]:
         if v < 1:
             problems.append(f"{name} must be >= 1, got {v}")
     if args.request_rate is not None and args.mode != "online":
@@ -136,7 +138,7 @@ def main(argv=None) -> None:
     except WorkloadError as e:
         print(f"feather-ab: error: {e}", file=sys.stderr)
         sys.exit(2)
-    common = Common(args.model, args.dtype, args.max_total_tokens, args.max_running_requests, args.seed)
+    common = Common(args.model, args.dtype, args.max_total_tokens, args.max_running_requests, args.seed, args.threads)
     work_dir = Path(args.work_dir) if args.work_dir else scratch_dir()
     json_path = Path(args.json or f"results/ab/{workload.name}.json")
     chart_path = Path(args.chart) if args.chart else json_path.with_suffix(".png")
@@ -174,7 +176,8 @@ def main(argv=None) -> None:
         "command": "feather-ab " + " ".join(sys.argv[1:] if argv is None else argv),
         "workload": s,
         "common": {"model": Path(args.model).name, "dtype": args.dtype, "max_total_tokens": args.max_total_tokens,
-                   "max_running_requests": args.max_running_requests, "seed": args.seed, "mode": args.mode},
+                   "max_running_requests": args.max_running_requests, "seed": args.seed, "mode": args.mode,
+                   "threads": args.threads, "repeats": args.repeats},
         "rows": rows,
         "greedy_outputs_identical": not mismatches,
         "greedy_mismatches": mismatches[:20],

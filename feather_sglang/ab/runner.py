@@ -65,7 +65,11 @@ class Common:
     max_total_tokens: int = 65536
     max_running_requests: int = 16
     seed: int = 0
+    threads: Optional[int] = None  # OMP_NUM_THREADS of the SGLang processes; None: torch's default
     extra_engine_kwargs: dict = field(default_factory=dict)
+
+    def env(self) -> dict:
+        return {"OMP_NUM_THREADS": str(self.threads)} if self.threads else {}
 
     def engine_kwargs(self) -> dict:
         return {
@@ -118,7 +122,7 @@ def run_offline(workload: Workload, config: ABConfig, common: Common, workdir: P
     spec_path = workdir / f"{stem}.spec.json"
     spec_path.write_text(json.dumps(spec))
     progress_fd = os.dup(sys.stderr.fileno())  # the progress bar to our terminal, the rest to the log
-    env = {**os.environ, TRACE_ENV: str(trace_path), "FEATHER_AB_PROGRESS_FD": str(progress_fd)}
+    env = {**os.environ, **common.env(), TRACE_ENV: str(trace_path), "FEATHER_AB_PROGRESS_FD": str(progress_fd)}
     try:
         with open(log_path, "w") as log:
             proc = subprocess.run([sys.executable, "-m", "feather_sglang.ab.worker", str(spec_path)], env=env,
@@ -144,7 +148,7 @@ def run_online(workload: Workload, config: ABConfig, common: Common, workdir: Pa
     trace_path, log_path = workdir / f"{stem}.trace.jsonl", workdir / f"{stem}.server.log"
     trace_path.unlink(missing_ok=True)
     server = SGLangServer(common.model_path, config.policy, [*common.server_args(), *config.server_args()],
-                          log_path=log_path, env={TRACE_ENV: str(trace_path)})
+                          log_path=log_path, env={**common.env(), TRACE_ENV: str(trace_path)})
     with server:
         r = requests.post(server.url + "/generate", json={
             "input_ids": warmup_ids(workload), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, timeout=600)
