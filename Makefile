@@ -48,3 +48,18 @@ gpu-check:
 
 clean-models:
 	rm -rf models
+
+# ---- learning agents (feather_rl): train, evaluate, record real measurements for replay ------
+.PHONY: train eval record
+TRAIN_ARGS ?= --algo ppo --timesteps 30000 --seed 0 --out results/runs/ppo-seed0
+EVAL_ARGS ?=
+RECORD_ARGS ?= --repeats 3 --out results/replay_tiny-llama.json
+
+train: setup
+	OMP_NUM_THREADS=1 .venv/bin/feather-train $(TRAIN_ARGS)
+
+eval: setup
+	OMP_NUM_THREADS=1 .venv/bin/feather-eval --json results/eval.json $(EVAL_ARGS)
+
+record: setup
+	OMP_NUM_THREADS=1 .venv/bin/feather-record $(RECORD_ARGS)

@@ -1,0 +1,43 @@
+"""Writing a trained policy file: Stable-Baselines3's ``.zip`` plus feather's metadata member.
+
+The server reads it with :func:`feather_sglang.agents.learned.load_policy` (``ppo:PATH``,
+``dqn:PATH``): SB3's own ``PPO.load``/``DQN.load`` still read the file (they ignore the extra
+member), so training can resume from it.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+from feather_sglang.agents.features import layout
+from feather_sglang.agents.learned import META_MEMBER
+
+# SB3's default MlpPolicy activations: PPO's actor-critic uses tanh, DQN's QNetwork ReLU.
+ACTIVATION = {"ppo": "tanh", "dqn": "relu"}
+
+
+def save_policy(model, path: str | Path, algo: str, provenance: dict | None = None) -> Path:
+    """``model.save(path)`` and add ``feather_policy.json`` (algorithm, observation layout,
+    activation, provenance)."""
+    path = Path(path)
+    if path.suffix != ".zip":  # SB3 appends .zip itself; say where the file really is
+        path = path.with_name(path.name + ".zip")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.save(path)
+    meta = {"algo": algo, "activation": ACTIVATION[algo], **layout(), "provenance": provenance or {}}
+    with zipfile.ZipFile(path, "a") as zf:
+        zf.writestr(META_MEMBER, json.dumps(meta, indent=1))
+    return path
+
+
+def set_meta(path: str | Path, meta: dict) -> None:
+    """Rewrite a policy file's metadata member (e.g. to change the layout in a test)."""
+    path = Path(path)
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist() if n != META_MEMBER}
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+        zf.writestr(META_MEMBER, json.dumps(meta, indent=1))

@@ -1,0 +1,64 @@
+"""Workloads for the environment: built-in names (with optional parameters) and JSONL files.
+
+A spec is ``NAME`` (``gsp``, ``feather-8x100``, ``batchllm``, ``multilevel``, ``no-sharing``),
+``NAME:key=value,key=value`` (generator parameters, e.g. ``gsp:groups=8,prompts_per_group=4``),
+or ``file:PATH`` (a workload file in the A/B tool's JSON Lines format). Built-ins are rebuilt per
+seed (other text, other shuffle); a file is the same every episode.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from feather_sglang.chunk_hash import chunk_hashes
+from feather_sglang.workloads import WORKLOADS, Workload, WorkloadError, build_workload, load_workload_file, load_tokenizer
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_TOKENIZER = REPO / "models" / "tiny-llama"  # SmolLM2's tokenizer
+# Training mixes the three A/B shapes and a few gsp variants; batchllm, multilevel (and any
+# workload file) are held out for evaluation.
+TRAIN_WORKLOADS = (
+    "gsp", "feather-8x100", "no-sharing",
+    "gsp:groups=2,prompts_per_group=16,prefix_len=256",
+    "gsp:groups=8,prompts_per_group=4,prefix_len=800,question_len=64",
+    "gsp:groups=16,prompts_per_group=2,prefix_len=300",
+)
+HELDOUT_WORKLOADS = ("batchllm", "multilevel")
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """(name or 'file', params or {'path': ...}); WorkloadError names what is wrong."""
+    if spec.startswith("file:"):
+        return "file", {"path": spec[len("file:"):]}
+    name, _, rest = spec.partition(":")
+    if name not in WORKLOADS:
+        raise WorkloadError(f"unknown workload {name!r}; built-in workloads: {', '.join(WORKLOADS)}, or file:PATH")
+    params = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise WorkloadError(f"workload {spec!r}: parameter {item!r} is not key=value")
+        params[key] = int(value) if value.lstrip("-").isdigit() else value
+    return name, params
+
+
+@lru_cache(maxsize=64)
+def load(spec: str, seed: int, tokenizer_path: str = str(DEFAULT_TOKENIZER)) -> tuple[Workload, tuple[tuple[int, ...], ...]]:
+    """(workload, its prompts' token ids), built once per (spec, seed)."""
+    tokenizer = load_tokenizer(tokenizer_path)
+    name, params = parse_spec(spec)
+    if name == "file":
+        workload = load_workload_file(params["path"], tokenizer)
+    else:
+        workload = build_workload(name, tokenizer, seed, **params)
+    if len(workload.requests) < 2:
+        raise WorkloadError(f"workload {spec!r} has {len(workload.requests)} request(s); batch formation needs >= 2")
+    return workload, tuple(r.input_ids for r in workload.requests)
+
+
+@lru_cache(maxsize=64)
+def keys(spec: str, seed: int, chunk_size: int, tokenizer_path: str = str(DEFAULT_TOKENIZER)) -> tuple[list[int], ...]:
+    """Cumulative chunk hashes of each request (what the CHT tracks), cached per workload."""
+    _, prompts = load(spec, seed, tokenizer_path)
+    return tuple(chunk_hashes(p, chunk_size) for p in prompts)
