@@ -273,8 +273,7 @@ def _parse_line(line: str, lineno: int, seen: set, tokenizer, default_max_new_to
         ids = obj["input_ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise WorkloadError('"input_ids" must be a non-empty list of non-negative ints')
-        vocab = getattr(tokenizer, "vocab_size", None)
-        if vocab and max(ids) >= len(tokenizer):
+        if max(ids) >= len(tokenizer):
             raise WorkloadError(f'"input_ids" has token id {max(ids)}, beyond the vocabulary ({len(tokenizer)})')
         ids = tuple(ids)
     n = obj.get("max_new_tokens", default_max_new_tokens)

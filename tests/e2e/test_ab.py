@@ -1,0 +1,60 @@
+"""feather-ab end to end: real SGLang (Engine in offline mode, a server in online mode) on the
+tiny model, a workload file, every configuration's JSON row, the chart and the greedy check."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+EXAMPLE = REPO / "scripts" / "example_workload.jsonl"
+
+
+def run_ab(tmp_path: Path, *args: str) -> tuple[dict, str]:
+    out = tmp_path / "ab.json"
+    p = subprocess.run(
+        [str(Path(sys.executable).with_name("feather-ab")), *args, "--json", str(out), "--work-dir", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=900, cwd=REPO,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads(out.read_text()), p.stdout
+
+
+def check_rows(result: dict, configs: list[str], requests: int, output_tokens: int) -> None:
+    assert [r["config"] for r in result["rows"]] == configs
+    for r in result["rows"]:
+        assert r["requests"] == requests and r["output_tokens"] == output_tokens
+        assert r["output_tok_s"] > 0 and 0 < r["ttft_p50_s"] <= r["ttft_p99_s"] <= r["e2e_p99_s"]
+        assert 0 <= r["cache_hit_rate"] < 1 and 0 <= r["saving_ratio_r"] < 1
+        assert r["decode_steps"] > 0 and r["mean_decode_batch"] >= 1 and 0 < r["sched_fraction"] < 1
+    assert result["greedy_outputs_identical"] is True and result["greedy_mismatches"] == []
+    assert {"machine", "workload", "rows", "summary", "date", "command"} <= result.keys()
+
+
+def test_offline_workload_file_every_configuration(tiny_model, tmp_path):
+    result, stdout = run_ab(tmp_path, "--workload-file", str(EXAMPLE), "--model", str(tiny_model),
+                            "--policies", "fcfs,feather", "--backends", "feather", "--threads", "1")
+    check_rows(result, ["fcfs + feather", "feather + feather"], 12, 12 * 12)
+    s = result["summary"]
+    assert s["best_baseline"] == "fcfs + feather" and s["speedup_vs_best_baseline"] > 0
+    # the prompts share long system prompts: the radix cache must have served part of them
+    assert all(r["cache_hit_rate"] > 0.3 for r in result["rows"])
+    assert "greedy outputs: identical in every configuration" in stdout
+    png = (tmp_path / "ab.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_online_poisson_arrivals_on_a_real_server(tiny_model, tmp_path):
+    result, _ = run_ab(tmp_path, "--workload", "gsp", "--gsp-groups", "2", "--gsp-prompts-per-group", "3",
+                       "--gsp-prefix-len", "96", "--gsp-output-len", "6", "--mode", "online", "--request-rate", "6",
+                       "--model", str(tiny_model), "--policies", "fcfs,feather", "--backends", "torch_native",
+                       "--threads", "1")
+    check_rows(result, ["fcfs + torch_native", "feather + torch_native"], 6, 36)
+    assert result["common"]["mode"] == "online" and result["workload"]["params"]["request_rate"] == 6
+    assert list((tmp_path / "work" / "rep0").glob("*.server.log"))
