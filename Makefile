@@ -2,7 +2,7 @@
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup env models demo test test-fast bench-overhead bench-overhead-quick bench-attention bench-dtype clean-models help gpu-check
+.PHONY: setup env models demo test test-fast bench-overhead bench-overhead-quick bench-attention bench-dtype clean-models help gpu-check ab ab-quick
 
 help:
 	@echo "make demo   - set up, then serve the default model with --schedule-policy feather and print throughput"
@@ -12,6 +12,8 @@ help:
 	@echo "make bench-overhead[-quick] - scheduling cost per pass: feather vs SGLang's lpm / dfs-weight"
 	@echo "make bench-dtype - which --dtype serves fastest on this CPU"
 	@echo "make bench-attention - --attention-backend feather vs torch_native: kernel step and real server"
+	@echo "make ab     - feather-ab on every built-in workload and the example workload file (results/ab/)"
+	@echo "make ab-quick - feather-ab on the example workload file only (a few minutes)"
 
 setup: env models
 
@@ -38,6 +40,18 @@ bench-overhead-quick: setup
 
 bench-attention: setup
 	$(PYTHON) scripts/bench_attention.py --extend --server --json results/bench_attention.json
+
+# feather-ab: every policy x attention backend on each built-in workload, then the example
+# workload file online (Poisson arrivals from the file). One torch thread per SGLang run keeps
+# the timings stable on a small shared machine (see README).
+AB_WORKLOADS ?= feather-8x100 batchllm no-sharing multilevel gsp
+AB_ARGS ?= --threads 1
+ab: setup
+	@for w in $(AB_WORKLOADS); do .venv/bin/feather-ab --workload $$w --json results/ab/$$w.json $(AB_ARGS) || exit 1; done
+	.venv/bin/feather-ab --workload-file scripts/example_workload.jsonl --mode online --json results/ab/example-online.json $(AB_ARGS)
+
+ab-quick: setup
+	.venv/bin/feather-ab --workload-file scripts/example_workload.jsonl --policies fcfs,lpm,feather --json results/ab/example-offline.json $(AB_ARGS)
 
 bench-dtype: setup
 	$(PYTHON) scripts/bench_dtype.py --json results/bench_dtype.json
