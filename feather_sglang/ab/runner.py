@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,11 @@ class ABConfig:
     def name(self) -> str:
         policy = f"{self.policy}[{self.agent}]" if self.agent else self.policy
         return f"{policy} + {self.attention_backend}"
+
+    @property
+    def file_stem(self) -> str:
+        """The name as a file name: ``feather_ppo_agents_x.zip__feather``."""
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.name.replace(" + ", "__"))
 
     def engine_kwargs(self) -> dict:
         kw = {"schedule_policy": self.policy, "attention_backend": self.attention_backend}
@@ -111,7 +117,7 @@ def _trace_after(path: Path, start: float) -> list[dict]:
 def run_offline(workload: Workload, config: ABConfig, common: Common, workdir: Path) -> RunResult:
     """One configuration through ``sglang.Engine`` in a child process."""
     workdir.mkdir(parents=True, exist_ok=True)
-    stem = config.name.replace(" + ", "__").replace("[", "_").replace("]", "")
+    stem = config.file_stem
     wl_path, out_path = workdir / "workload.jsonl", workdir / f"{stem}.out.json"
     trace_path, log_path = workdir / f"{stem}.trace.jsonl", workdir / f"{stem}.log"
     write_workload_file(workload, wl_path)
@@ -144,7 +150,7 @@ def run_online(workload: Workload, config: ABConfig, common: Common, workdir: Pa
     from feather_sglang.tools.server import SGLangServer
 
     workdir.mkdir(parents=True, exist_ok=True)
-    stem = config.name.replace(" + ", "__").replace("[", "_").replace("]", "")
+    stem = config.file_stem
     trace_path, log_path = workdir / f"{stem}.trace.jsonl", workdir / f"{stem}.server.log"
     trace_path.unlink(missing_ok=True)
     server = SGLangServer(common.model_path, config.policy, [*common.server_args(), *config.server_args()],
