@@ -104,15 +104,15 @@ def chart(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = result["rows"]
-    names = [r["config"].replace(" + ", "\n") for r in rows]
+    names = [r["config"].replace(" + ", "\n+ ") for r in rows]
     colours = ["#d95f02" if r["policy"] == "feather" else "#7570b3" for r in rows]
     panels = [("output_tok_s", "output tokens/s (higher is better)"), ("ttft_p99_s", "TTFT p99, s (lower is better)"),
               ("mean_groups_per_decode", "prefix groups per decode step (lower: more homogeneous)")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 5.0))
     for ax, (key, title) in zip(axes, panels):
         vals = [r[key] for r in rows]
         bars = ax.bar(range(len(rows)), vals, color=colours)
-        ax.set_xticks(range(len(rows)), names, fontsize=7)
+        ax.set_xticks(range(len(rows)), names, fontsize=7, rotation=40, ha="right", rotation_mode="anchor")
         ax.set_title(title, fontsize=9)
         ax.bar_label(bars, fmt="%.2g", fontsize=7)
     w, m = result["workload"], result["machine"]
