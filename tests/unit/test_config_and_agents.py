@@ -58,6 +58,7 @@ def test_static_rule():
     agent = make_agent(FeatherConfig())
     assert isinstance(agent, StaticRuleAgent) and agent_names() == ["dqn", "ppo", "qlearning", "static", "ucb"]
     assert agent.decide(_state(0, 0, 40)) is Action.ADD  # first request always
+    assert agent.decide(_state(1, 9, 0)) is Action.ADD  # a lone request's chain is not shared
     assert agent.decide(_state(3, 20, 15)) is Action.ADD  # loss 5 <= 5
     assert agent.decide(_state(3, 20, 14)) is Action.STOP  # loss 6 > 5
     assert agent.decide(_state(3, 20, 14, waiting=10)) is Action.ADD  # crowded: loss 6 <= 7
