@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -131,8 +132,17 @@ def run_offline(workload: Workload, config: ABConfig, common: Common, workdir: P
     env = {**os.environ, **common.env(), TRACE_ENV: str(trace_path), "FEATHER_AB_PROGRESS_FD": str(progress_fd)}
     try:
         with open(log_path, "w") as log:
-            proc = subprocess.run([sys.executable, "-m", "feather_sglang.ab.worker", str(spec_path)], env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, pass_fds=(progress_fd,))
+            # its own process group, so that an interrupted comparison also stops the engine's
+            # scheduler and detokenizer processes instead of leaving them running
+            proc = subprocess.Popen([sys.executable, "-m", "feather_sglang.ab.worker", str(spec_path)], env=env,
+                                    stdout=log, stderr=subprocess.STDOUT, pass_fds=(progress_fd,),
+                                    start_new_session=True)
+            try:
+                proc.wait()
+            except BaseException:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
     finally:
         os.close(progress_fd)
     if proc.returncode != 0 or not out_path.exists():
