@@ -44,10 +44,12 @@ bench-attention: setup
 # feather-ab: every policy x attention backend on each built-in workload, then the example
 # workload file online (Poisson arrivals from the file). One torch thread per SGLang run keeps
 # the timings stable on a small shared machine (see README).
-AB_WORKLOADS ?= feather-8x100 batchllm no-sharing multilevel gsp
 AB_ARGS ?= --threads 1
+AB_AGENT_PPO := ppo:feather_rl/agents/ppo_tiny-llama.zip
 ab: setup
-	@for w in $(AB_WORKLOADS); do .venv/bin/feather-ab --workload $$w --json results/ab/$$w.json $(AB_ARGS) || exit 1; done
+	.venv/bin/feather-ab --workload feather-8x100 --feather-agents static,$(AB_AGENT_PPO) --repeats 2 --json results/ab/feather-8x100.json $(AB_ARGS)
+	@for w in batchllm multilevel gsp no-sharing; do .venv/bin/feather-ab --workload $$w --json results/ab/$$w.json $(AB_ARGS) || exit 1; done
+	.venv/bin/feather-ab --workload feather-8x100 --policies feather --backends feather --feather-agents static,ucb,qlearning,$(AB_AGENT_PPO) --json results/ab/agents-feather-8x100.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload-file scripts/example_workload.jsonl --mode online --json results/ab/example-online.json $(AB_ARGS)
 
 ab-quick: setup
