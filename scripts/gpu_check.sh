@@ -19,6 +19,14 @@
 # (bench_attention_gpu.py --sglang-src; by default .venv/lib/python3*/site-packages/sglang/
 # kernels/ops/attention, which can be copied to a GPU machine that lacks sglang).
 # Exit status: 0 all passed, 1 a step failed or timed out, 2 no GPU (GPU checks not run).
+#
+# On this workplace's lent H200 (device tool), one call, nothing to install there (its image has
+# torch, triton and pytest; sglang does not import there, so its kernel files travel):
+#   run(command='bash scripts/gpu_check.sh "$OUT"', timeout_s=420, carry=[
+#     ".venv/lib/python3.11/site-packages/sglang/kernels/ops/attention/decode_attention.py",
+#     ".venv/lib/python3.11/site-packages/sglang/kernels/ops/attention/metadata.py",
+#     ".venv/lib/python3.11/site-packages/sglang/kernels/ops/attention/score_mod.py",
+#     ".venv/lib/python3.11/site-packages/sglang/_version.py"])
 
 set -u
 cd "$(dirname "$0")/.." || exit 1
