@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
-from importlib import metadata
+
+from feather_sglang.tools.machine import describe
 
 
 def date() -> str:
@@ -32,30 +32,8 @@ def command() -> str:
     return " ".join([prog, *sys.argv[1:]])
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def machine() -> dict:
-    return {
-        "cpu": _cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
-        "python": platform.python_version(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "versions": {d: _version(d) for d in ("sglang", "torch", "stable-baselines3", "gymnasium")},
-    }
+    return describe("stable-baselines3", "gymnasium")
 
 
 def record(**extra) -> dict:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -48,6 +47,7 @@ from feather_kernels import (  # noqa: E402
     prefix_shared_extend,
 )
 from feather_kernels.synthetic import make_decode_batch, make_extend_batch  # noqa: E402
+from feather_sglang.tools.machine import describe  # noqa: E402
 
 HQ, HKV, HEAD_DIM = 9, 3, 64  # SmolLM2-135M-Instruct
 SUFFIX = 64
@@ -147,14 +147,7 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 def _machine() -> dict:
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "gpu": torch.cuda.is_available(),
-    }
+    return {**describe(), "torch_threads": torch.get_num_threads()}
 
 
 def run(batches, prefixes, dtypes, repeats: int) -> list[dict]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -23,22 +22,11 @@ import openai
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from feather_sglang.tools.machine import describe as machine  # noqa: E402
 from feather_sglang.tools.server import SGLangServer  # noqa: E402
 from feather_sglang.tools.workload import generate_all, shared_prefix_prompts  # noqa: E402
 
 DEFAULT_MODEL = REPO / "models" / "SmolLM2-135M-Instruct"
-
-
-def machine() -> dict:
-    import os
-
-    from feather_sglang.cpu_runtime import cpu_flags, gpu_present
-
-    model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    return {
-        "cpu": model, "cores": os.cpu_count(), "gpu": gpu_present(), "arch": platform.machine(),
-        "bf16_instructions": bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}), "python": platform.python_version(),
-    }
 
 
 def add_workload_args(parser: argparse.ArgumentParser) -> None:

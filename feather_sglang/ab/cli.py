@@ -22,6 +22,7 @@ from pathlib import Path
 from feather_sglang.ab import report
 from feather_sglang.ab.metrics import compute, median_of
 from feather_sglang.ab.runner import ABConfig, Common, run_offline, run_online, scratch_dir
+from feather_sglang.tools.machine import describe as describe_machine
 from feather_sglang.workloads import WORKLOADS, WorkloadError, build_workload, load_tokenizer, load_workload_file
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct"
@@ -171,7 +172,7 @@ def main(argv=None) -> None:
                      "output_tok_s_runs": [r["output_tok_s"] for r in per_config[config]]})
     mismatches = report.check_greedy(outputs)
     result = {
-        "machine": report.machine(),
+        "machine": describe_machine(),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "feather-ab " + " ".join(sys.argv[1:] if argv is None else argv),
         "workload": s,

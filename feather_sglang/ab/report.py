@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import platform
 from pathlib import Path
 from typing import Optional
 
 from feather_sglang.ab.metrics import COLUMNS
 from feather_sglang.tools.workload import Output, compare_greedy
-
-
-def machine() -> dict:
-    import sglang
-    import torch
-
-    from feather_sglang.cpu_runtime import cpu_flags, gpu_present
-
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu_present(), "arch": platform.machine(),
-            "bf16_instructions": bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}), "python": platform.python_version(),
-            "sglang": sglang.__version__, "torch": torch.__version__}
 
 
 def check_greedy(outputs: dict) -> list[str]:

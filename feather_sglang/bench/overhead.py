@@ -542,15 +542,9 @@ def peak_rss_mb() -> float:
 def machine_info(settings: Settings) -> dict:
     import importlib.metadata as md
 
-    model = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    from feather_sglang.tools.machine import cpu_model
+
+    model = cpu_model()
     classes = {}
     for kind in settings.caches:
         cache, _ = make_tree_cache(kind, 1 << 16, 1024, 8)

@@ -1,0 +1,39 @@
+"""What machine a figure was measured on: recorded in every benchmark's and tool's JSON."""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (e.g. "AMD EPYC 9R14"), else what platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def describe(*dists: str) -> dict:
+    """CPU, cores, architecture, GPU, bf16 instructions, Python, OpenMP threads and the versions
+    of sglang, torch and ``dists``."""
+    from feather_sglang.cpu_runtime import cpu_flags, gpu_present
+
+    return {
+        "cpu": cpu_model(), "cores": os.cpu_count(), "arch": platform.machine(), "gpu": gpu_present(),
+        "bf16_instructions": bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}),
+        "python": platform.python_version(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "versions": {d: version(d) for d in ("sglang", "torch", *dists)},
+    }
