@@ -72,7 +72,7 @@ def validate(args) -> tuple[list[ABConfig], list[str]]:
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
     from sglang.srt.managers.schedule_policy import CacheAgnosticPolicy, CacheAwarePolicy
 
-    from feather_sglang.agents import agent_names
+    from feather_sglang.agents import validate_agent
     from feather_sglang.sglang_integration import install_hooks
 
     install_hooks()  # adds feather to SGLang's attention backend choices
@@ -86,8 +86,10 @@ def validate(args) -> tuple[list[ABConfig], list[str]]:
         if b not in ATTENTION_BACKEND_CHOICES:
             problems.append(f"--backends: unknown attention backend {b!r}; allowed: {', '.join(ATTENTION_BACKEND_CHOICES)}")
     for a in agents:
-        if a not in agent_names() and ":" not in a:
-            problems.append(f"--feather-agents: unknown agent {a!r}; allowed: {', '.join(agent_names())} or KIND:PATH")
+        try:
+            validate_agent(a)  # loads and checks a ppo:/dqn: file now, not after other runs
+        except ValueError as e:
+            problems.append(f"--feather-agents: {e}")
     for name, v in [("--repeats", args.repeats), ("--max-running-requests", args.max_running_requests),
                     ("--max-total-tokens", args.max_total_tokens), ("--threads", args.threads or 1)]:
         if v < 1:
