@@ -122,6 +122,11 @@ class AdmissionPlanner:
     def num_waiting(self) -> int:
         return self.cht.num_waiting
 
+    @property
+    def has_pending(self) -> bool:
+        """A plan is out whose admissions the scheduler has not confirmed yet."""
+        return bool(self._pending)
+
     # ---- one pass -------------------------------------------------------------------------
     def plan(
         self,
@@ -163,40 +168,43 @@ class AdmissionPlanner:
                 plan.rids.append(rid)
         plan.starved = len(plan.rids)
 
+        # NOTE: the per-pick loop is the hot path of a pass (up to max_new iterations): the
+        # bound methods and constants are looked up once.
+        rids, admit_states = plan.rids, self._admit_states
+        best_view, admit, decide, on_admit = cht.best_view, cht.admit, agent.decide, agent.on_admit
+        chunk_size = config.chunk_size
+        leader_check = cached_prefix_tokens is not None and config.prefix_leader
+        headroom = 1.0 if kv_free_tokens is None or not kv_capacity_tokens else None
         while True:
-            if len(plan.rids) >= max_new:
+            if len(rids) >= max_new:
                 plan.stop_reason = "limit" if cht.num_waiting else "empty"
                 break
             if token_budget is not None and planned_tokens >= token_budget:
                 plan.stop_reason = "budget"
                 break
-            rid = cht.best()
-            if rid is None:
+            best = best_view()
+            if best is None:
                 plan.stop_reason = "empty"
                 break
-            view = cht.candidate_view(rid)
+            rid, view = best
             state = AgentState(
-                batch_size=view.batch_size,
-                chunks_before=view.chunks_before,
-                chunks_after=view.chunks_after,
-                waiting=view.waiting,
-                queue_len=cht.num_waiting,
-                memory_headroom=_headroom(kv_free_tokens, kv_capacity_tokens, planned_tokens),
+                view.batch_size,
+                view.chunks_before,
+                view.chunks_after,
+                view.waiting,
+                cht.num_waiting,
+                headroom if headroom is not None
+                else _headroom(kv_free_tokens, kv_capacity_tokens, planned_tokens),
             )
-            if agent.decide(state) is Action.STOP:
+            if decide(state) is Action.STOP:
                 plan.stop_reason = "agent"
                 break
-            leader = (
-                cached_prefix_tokens is not None
-                and config.prefix_leader
-                and view.deficit > 0
-                and self._needs_leader(rid, view, cached_prefix_tokens)
-            )
-            planned_tokens += view.deficit * config.chunk_size
-            cht.admit(rid)
-            agent.on_admit(state)
-            self._admit_states.append((rid, state))
-            plan.rids.append(rid)
+            leader = leader_check and view.deficit > 0 and self._needs_leader(rid, view, cached_prefix_tokens)
+            planned_tokens += view.deficit * chunk_size
+            admit(rid)
+            on_admit(state)
+            admit_states.append((rid, state))
+            rids.append(rid)
             if leader:
                 plan.stop_reason = "prefix-leader"
                 break
@@ -214,12 +222,10 @@ class AdmissionPlanner:
         """True if ``rid`` shares leading chunks with other waiting requests that are not
         cached yet: computing them once, then letting the group hit the cache, beats every
         member computing the same prefix in one batch."""
-        shared_chunks = self.cht.waiting_shared_depth(rid)
         # The chunks a running request holds are cached (or being computed) already; only a
-        # shared part beyond them is worth a radix-cache lookup. NOTE: the running batch's keys
-        # in a request form a prefix of its key list (hashes are cumulative).
-        in_running_batch = self.cht.num_chunks(rid) - view.deficit
-        if shared_chunks <= in_running_batch:
+        # shared part beyond them is worth a radix-cache lookup.
+        shared_chunks = self.cht.waiting_shared_beyond_running(rid)
+        if not shared_chunks:
             return False
         uncached_from = cached_prefix_tokens(rid) // self.config.chunk_size
         return uncached_from < shared_chunks - 1

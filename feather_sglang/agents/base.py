@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
     from feather_sglang.config import FeatherConfig
@@ -19,8 +18,7 @@ class Action(IntEnum):
     ADD = 1  # admit the candidate into the batch
 
 
-@dataclass(frozen=True, slots=True)
-class AgentState:
+class AgentState(NamedTuple):
     """What an agent sees about one candidate (all lengths in chunks of ``chunk_size`` tokens).
 
     batch_size:    requests in the batch if the candidate is not added (running + admitted
@@ -32,6 +30,9 @@ class AgentState:
     queue_len:     requests waiting in all.
     memory_headroom: fraction of the KV cache's token capacity still free with this pass's
                    earlier picks counted as used, in [0, 1] (1.0 where unknown).
+
+    NOTE: a NamedTuple (immutable, like the frozen dataclass it was) because the planner
+    builds one per pick and a NamedTuple builds ~2.5x faster.
     """
 
     batch_size: int

@@ -34,10 +34,11 @@ class StaticRuleAgent(StopAddAgent):
             return Action.ADD
         crowded = state.waiting >= self.config.static_crowd_threshold
         limit = self.config.static_max_loss_crowded if crowded else self.config.static_max_loss
-        return Action.ADD if state.loss <= limit else Action.STOP
+        # state.loss, inline (a hot path): a negative delta (a gain) is a loss of 0.
+        return Action.ADD if state.chunks_before - state.chunks_after <= limit else Action.STOP
 
     def on_admit(self, state: AgentState) -> None:
-        if state.batch_size > 0 and state.loss == 0:
+        if state.batch_size > 0 and state.chunks_before <= state.chunks_after:  # loss == 0
             self.floor = min(self.floor + 1, self.config.static_floor_max)
 
     def on_batch_empty(self) -> None:

@@ -385,10 +385,14 @@ def _feather_rows(cell: Cell, kind: str, cache, running_batch, settings: Setting
     queue = list(cell.arrival)
 
     def restore() -> None:
+        # Arrival order again, with feather's queue slots in step (untimed): every timed pass
+        # moves its plan to the front from where arrival put it.
         queue[:] = cell.arrival
+        state._reindex(queue)
 
-    # The arrivals, as Scheduler._add_request_to_queue's AFTER hook reports them.
-    enqueue_samples = time_each(state.on_enqueue, queue)
+    # The arrivals, as Scheduler._add_request_to_queue's AFTER hook reports them (with the
+    # queue index each lands at).
+    enqueue_samples = time_each(lambda item: state.on_enqueue(item[1], item[0]), list(enumerate(queue)))
     # First pass: the running batch joins the CHT (sync_running); then roll the plan back.
     policy.calc_priority(queue, running_batch)
     state.on_pass_end(None)
@@ -427,7 +431,7 @@ def _feather_rows(cell: Cell, kind: str, cache, running_batch, settings: Setting
     plan_samples = time_calls(plan_only, settings.cheap_repeats, after=lambda: planner.end_pass(()))
     # The same with the prefix-leader check feather's calc_priority passes in (one tree-cache
     # match per pick with a non-zero deficit); feather's row minus this = SGLang glue
-    # (running-batch sync, queue-length check, the O(W) queue reorder).
+    # (running-batch sync, queue-length check, moving the plan to the queue front).
     leader_check = state._cached_prefix_tokens if state.radix_enabled else None
     leader_samples = time_calls(
         lambda: planner.plan(max_new=cell.batch, cached_prefix_tokens=leader_check),
@@ -577,7 +581,8 @@ def _git_state() -> dict:
             return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
                                   timeout=10, check=True).stdout
         return {"commit": git("rev-parse", "HEAD").strip(),
-                "modified": [line[3:] for line in git("status", "--porcelain").splitlines() if line]}
+                "modified": sorted(set(git("diff", "--name-only", "HEAD").split())
+                                   | set(git("ls-files", "--others", "--exclude-standard").split()))}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "modified": None}
 

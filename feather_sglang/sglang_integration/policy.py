@@ -71,6 +71,15 @@ class FeatherState:
         self.planner: Optional[AdmissionPlanner] = None
         self.reqs: dict = {}  # rid -> Req for requests the planner tracks
         self.plan_rids: frozenset = frozenset()
+        # Where each waiting request sits in SGLang's waiting queue, as ``index + _slot_base``:
+        # a pass moves its plan to the front by swaps, SGLang then drops the admitted from the
+        # front, and ``_slot_base`` grows by their number, so the other slots stay valid
+        # without an O(W) rewrite. Every use checks ``queue[index] is req``; anything that
+        # moved behind feather's back (an abort's pop) costs one O(W) reindex.
+        self._slot: dict = {}
+        self._slot_base = 0
+        self.reindexes = 0
+        self._synced_running: Optional[list] = None  # running rids as of the last sync
         self.resyncs = 0
         self.passes = 0
         self.sched_seconds = 0.0  # time in feather's calc_priority (sync + plan + reorder)
@@ -92,14 +101,27 @@ class FeatherState:
         logger.info("feather schedule policy: %s", config.as_dict())
 
     # ---- events from the scheduler -------------------------------------------------------
-    def on_enqueue(self, req: "Req") -> None:
+    def on_enqueue(self, req: "Req", queue_index: Optional[int] = None) -> None:
+        """``req`` entered the waiting queue (at ``queue_index``, if known)."""
         self.reqs[req.rid] = req
+        if queue_index is not None:
+            self._slot[req.rid] = queue_index + self._slot_base
         self.planner.on_enqueue(req.rid, req.origin_input_ids)
 
     def on_pass_end(self, new_batch: Optional["ScheduleBatch"]) -> None:
         admitted = [r.rid for r in new_batch.reqs] if new_batch is not None else []
         self.planner.end_pass(admitted)
+        # SGLang removed the admitted from the queue; the plan was at its front, in order.
+        planned, slot = self.plan_rids, self._slot
+        for rid in admitted:
+            if rid in planned:
+                slot.pop(rid, None)
+                self._slot_base += 1
         self.plan_rids = frozenset()
+
+    def _forget(self, rid) -> None:
+        self.reqs.pop(rid, None)
+        self._slot.pop(rid, None)
 
     # ---- one pass ------------------------------------------------------------------------
     def order(self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]) -> None:
@@ -108,23 +130,36 @@ class FeatherState:
         if running_batch is None:
             # Only SGLang's diffusion-LM path calls without a batch: keep what the CHT knows.
             running = {rid: reqs[rid] for rid in planner.cht.running_ids() if rid in reqs}
+            self._synced_running = None
         else:
-            running = {r.rid: r for r in running_batch.reqs}
-        chunked = scheduler.chunked_req
-        if chunked is not None:
-            running[chunked.rid] = chunked
-        reqs.update(running)
-        # NOTE: forget each sync's departures right after it: a request forgotten as no longer
-        # running may come straight back as waiting in the next sync (re-queued without the
-        # enqueue hook) and must stay in ``reqs`` then.
-        for rid in planner.sync_running({rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()}):
-            reqs.pop(rid, None)
+            running = None
+            running_rids = [r.rid for r in running_batch.reqs]
+            chunked = scheduler.chunked_req
+            if chunked is not None:
+                running_rids.append(chunked.rid)
+            # The batch is often exactly what the last pass synced (a decode-only pass, or a
+            # plan that was rolled back): then there is nothing to sync.
+            if (running_rids != self._synced_running or planner.has_pending
+                    or len(running_rids) != planner.cht.num_running):
+                running = {r.rid: r for r in running_batch.reqs}
+                if chunked is not None:
+                    running[chunked.rid] = chunked
+                self._synced_running = running_rids
+        if running is not None:
+            reqs.update(running)
+            # NOTE: forget each sync's departures right after it: a request forgotten as no
+            # longer running may come straight back as waiting in the next sync (re-queued
+            # without the enqueue hook) and must stay in ``reqs`` then.
+            lazy_tokens = {rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()}
+            for rid in planner.sync_running(lazy_tokens):
+                self._forget(rid)
         if len(waiting_queue) != planner.num_waiting:
             self.resyncs += 1
             for rid in planner.sync_waiting({r.rid: (lambda r=r: r.origin_input_ids) for r in waiting_queue}):
-                reqs.pop(rid, None)
+                self._forget(rid)
             for r in waiting_queue:
                 reqs[r.rid] = r
+            self._reindex(waiting_queue)
         max_new = scheduler.get_num_allocatable_reqs(len(running_batch.reqs) if running_batch else 0)
         plan = planner.plan(
             max_new=max(max_new, 0),
@@ -135,11 +170,38 @@ class FeatherState:
         )
         self.plan_rids = frozenset(plan.rids)
         if plan.rids:
-            planned = self.plan_rids
-            rest = [r for r in waiting_queue if r.rid not in planned]
-            waiting_queue[:] = [reqs[rid] for rid in plan.rids] + rest
+            self._move_to_front(waiting_queue, [reqs[rid] for rid in plan.rids])
         self.sched_seconds += time.perf_counter() - start
         self.passes += 1
+
+    def _move_to_front(self, queue: list["Req"], planned: list["Req"]) -> None:
+        """Put ``planned`` at the front of ``queue``, in order, by swaps: O(len(planned)).
+
+        NOTE: the requests outside the plan do not keep their relative order (the ones swapped
+        out of the front take the planned ones' places). SGLang admits none of them this pass,
+        and feather keeps its own arrival order for the starvation bound.
+        """
+        slot = self._slot
+        for i, req in enumerate(planned):
+            j = slot.get(req.rid, -1) - self._slot_base
+            if not (0 <= j < len(queue) and queue[j] is req):
+                self._reindex(queue)
+                j = slot.get(req.rid, -1)
+                if j < 0:
+                    raise RuntimeError(f"feather planned {req.rid!r}, which is not in the waiting queue")
+            if j != i:
+                displaced = queue[i]
+                queue[i], queue[j] = req, displaced
+                slot[displaced.rid] = j + self._slot_base
+                slot[req.rid] = i + self._slot_base
+
+    def _reindex(self, queue: list["Req"]) -> None:
+        """Rebuild every waiting request's slot: O(W), only when the queue changed behind
+        feather's back."""
+        self.reindexes += 1
+        self._slot_base = 0
+        self._slot.clear()
+        self._slot.update({r.rid: i for i, r in enumerate(queue)})
 
     def _kv_free_tokens(self) -> Optional[int]:
         """KV cache tokens free or evictable now (the agent's memory headroom); None if the
@@ -177,9 +239,9 @@ class FeatherState:
         share = f"{100 * seconds / busy:.3f}% of step time" if busy > 0 else "n/a of step time"
         logger.info(
             "feather: sched_time=%.3f ms/pass (%s) passes=%d admitted=%d rolled_back=%d "
-            "starved=%d stops=%s waiting=%d running=%d resyncs=%d",
+            "starved=%d stops=%s waiting=%d running=%d resyncs=%d reindexes=%d",
             1e3 * seconds / passes, share, passes, s.admitted, s.rolled_back, s.starved, s.stops,
-            self.planner.num_waiting, self.planner.cht.num_running, self.resyncs,
+            self.planner.num_waiting, self.planner.cht.num_running, self.resyncs, self.reindexes,
         )
 
 
@@ -216,8 +278,9 @@ def get_prefill_adder_class_around(original, scheduler, *args, **kwargs):
 
 def add_request_to_queue_after(result, scheduler, req, *args, **kwargs):
     state = _feather_state(scheduler)
-    if state is not None and scheduler.waiting_queue and scheduler.waiting_queue[-1] is req:
-        state.on_enqueue(req)
+    queue = scheduler.waiting_queue
+    if state is not None and queue and queue[-1] is req:
+        state.on_enqueue(req, len(queue) - 1)
     return result
 
 

@@ -394,7 +394,9 @@ def test_prefix_leader_then_its_group_only(cache):
     second = sched.prefill_pass()
     assert second.plan == group  # every mate, and nobody else (the agent STOPs)
     assert set(second.order[: len(group)]) == group
-    assert second.order[len(group):] == [rid for rid in queue_before if rid not in group]
+    # The plan moved to the front by swaps (O(plan), not O(W)): the others are all still
+    # there, not necessarily in their old order (none of them is admitted this pass).
+    assert sorted(second.order[len(group):]) == sorted(rid for rid in queue_before if rid not in group)
     assert sched.feather.planner.stats.stops == {"prefix-leader": 1, "agent": 1}
     # The real adder took exactly the plan (each with a 400-token cache hit) and stopped at
     # the first request of another group.
@@ -411,6 +413,8 @@ def test_prefix_leader_then_its_group_only(cache):
     third = sched.step()
     assert len(third.plan) == 1 and third.admitted == list(third.plan)
     assert group_of(third.admitted[0]) != group_of(leader)
+    # Arrivals and admissions kept feather's queue slots in step: no pass paid an O(W) reindex.
+    assert sched.feather.reindexes == 0
 
 
 def test_waiting_queue_is_reordered_in_place():
@@ -422,6 +426,16 @@ def test_waiting_queue_is_reordered_in_place():
     assert queue is sched.waiting_queue  # same list object, reordered
     assert sorted(rids(queue)) == sorted(rids(before)) and len(queue) == len(before)
     assert set(rids(queue)[: len(group)]) == group == set(sched.feather.plan_rids)
+    sched.feather.on_pass_end(None)
+
+    # Reordered behind feather's back (same requests): its slots no longer match, which the
+    # identity check catches; one O(W) reindex, then the plan is at the front again.
+    queue.reverse()
+    reindexes = sched.feather.reindexes
+    sched.policy.calc_priority(queue, sched.running_batch)
+    assert sched.feather.reindexes == reindexes + 1
+    assert set(rids(queue)[: len(group)]) == group == set(sched.feather.plan_rids)
+    assert all(sched.feather._slot[r.rid] - sched.feather._slot_base == i for i, r in enumerate(queue))
     sched.feather.on_pass_end(None)
 
 

@@ -105,6 +105,15 @@ def check_against_model(tree: ChunkedHashTree, model: BruteForceModel) -> None:
         assert tree.state(rid) is RequestState.WAITING
         assert tree.deficit(rid) == model.deficit(rid)
         assert tree.candidate_view(rid) == model.candidate_view(rid)
+        keys = model.keys[rid]
+        shared = 0  # leading levels another waiting request holds too
+        while shared < len(keys) and any(
+            other != rid and model.keys[other][: shared + 1] == keys[: shared + 1] for other in waiting
+        ):
+            shared += 1
+        assert tree.waiting_shared_depth(rid) == shared
+        held = len(keys) - model.deficit(rid)  # leading levels the running batch holds
+        assert tree.waiting_shared_beyond_running(rid) == (shared if shared > held else 0)
     for rid in running:
         assert tree.state(rid) is RequestState.RUNNING
     assert tree.best() == model.best()
@@ -117,6 +126,18 @@ def check_against_model(tree: ChunkedHashTree, model: BruteForceModel) -> None:
     assert footprint.reverse_index_keys == len(set(waiting_keys))
     assert footprint.reverse_index_holders == len(waiting_keys)
     assert footprint.levels == max((len(model.keys[rid]) for rid in model.state), default=0)
+    # Path compression stays canonical: every node but the root ends where a request ends or
+    # where paths branch, so there are at most two nodes per request.
+    assert footprint.nodes <= 2 * len(model.state)
+    stack = [tree._root]
+    while stack:
+        node = stack.pop()
+        assert len(node.keys) == node.end - node.start
+        if node is not tree._root:
+            assert node.ends > 0 or len(node.children) >= 2
+        for key, child in node.children.items():
+            assert child.parent is node and child.start == node.end and child.keys[0] == key
+            stack.append(child)
     # One live entry per waiting request, stale ones bounded by compaction.
     live = len(waiting)
     bound = (HEAP_STALE_PER_LIVE + 1) * live + HEAP_COMPACT_MIN_STALE
@@ -160,7 +181,7 @@ def test_tree_matches_brute_force(chunk_size, prefixes, operations):
 
     for rid in list(model.state):
         tree.remove(rid)
-    assert tree.memory_footprint() == type(tree.memory_footprint())(0, 0, 0, 0, 0, 0)
+    assert tree.memory_footprint() == type(tree.memory_footprint())(0, 0, 0, 0, 0, 0, 0, 0)
 
 
 @settings(max_examples=200, deadline=None)
