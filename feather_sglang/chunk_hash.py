@@ -67,13 +67,34 @@ def chunk_hashes(token_ids: Iterable[int] | np.ndarray, chunk_size: int) -> list
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 token, got {chunk_size}")
-    buffer = _token_bytes(token_ids)
+    return hash_chunks_from(token_bytes(token_ids), chunk_size, 0, CHUNK_HASH_ROOT_SEED)
+
+
+def token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
+    """The token ids as one buffer of little-endian int64, 8 bytes a token (see
+    :func:`chunk_hashes` for the accepted containers; SGLang's ``array('q')`` is read in place).
+    ``np.frombuffer(token_bytes(ids), "<i8")`` views it as tokens."""
+    return _token_bytes(token_ids)
+
+
+def hash_chunk(buffer: bytes | memoryview, chunk_size: int, index: int, seed: int) -> int:
+    """The cumulative hash of chunk ``index`` of ``buffer`` given ``seed``, the hash of chunk
+    ``index - 1`` (``CHUNK_HASH_ROOT_SEED`` for chunk 0)."""
+    chunk_bytes = chunk_size * _TOKEN_BYTES
+    start = index * chunk_bytes
+    return xxhash.xxh3_64_intdigest(buffer[start : start + chunk_bytes], seed=seed)
+
+
+def hash_chunks_from(buffer: bytes | memoryview, chunk_size: int, first: int, seed: int) -> list[int]:
+    """The cumulative hashes of chunks ``first, first + 1, ...`` of ``buffer`` (from
+    :func:`token_bytes`), given ``seed``: the hash of chunk ``first - 1``
+    (``CHUNK_HASH_ROOT_SEED`` when ``first`` is 0). ``chunk_hashes`` is ``first = 0``."""
     chunk_bytes = chunk_size * _TOKEN_BYTES
     digest = xxhash.xxh3_64_intdigest
     hashes: list[int] = []
-    previous = CHUNK_HASH_ROOT_SEED
+    previous = seed
     # One xxh3 call per chunk (not per token): 200 calls for 10K tokens at chunk 50.
-    for start in range(0, len(buffer), chunk_bytes):
+    for start in range(first * chunk_bytes, len(buffer), chunk_bytes):
         previous = digest(buffer[start : start + chunk_bytes], seed=previous)
         hashes.append(previous)
     return hashes

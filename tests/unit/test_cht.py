@@ -8,7 +8,7 @@ import pytest
 from feather_sglang.chunk_hash import chunk_hashes
 from feather_sglang.cht import CandidateView, ChunkedHashTree, MemoryFootprint, RequestState
 
-EMPTY_FOOTPRINT = MemoryFootprint(0, 0, 0, 0, 0, 0, 0, 0)
+EMPTY_FOOTPRINT = MemoryFootprint(0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
 # ----- chunk hashes ----------------------------------------------------------------------
@@ -288,3 +288,21 @@ def test_chunk_hashes_of_sglang_token_arrays_match_lists():
     for typecode in ("q", "l", "i"):
         assert chunk_hashes(array(typecode, tokens), 50) == chunk_hashes(tokens, 50)
     assert chunk_hashes(array("q"), 50) == []
+
+
+def test_shared_prompts_reuse_keys_without_pinning_sglang_arrays():
+    """A grouped prompt takes the keys of the nodes it repeats (compared, not re-hashed); the
+    tree keeps SGLang's array('q') itself, so SGLang could still resize it."""
+    from array import array
+
+    cht = ChunkedHashTree(chunk_size=4)
+    prefix = list(range(100, 140))  # 10 chunks
+    first = array("q", prefix + [1, 2, 3])
+    second = array("q", prefix + [7, 8, 9, 10, 11])
+    cht.add_waiting("first", first)
+    cht.add_waiting("second", second)
+    node = cht._requests["second"].leaf
+    assert node.parent.keys + node.keys == chunk_hashes(second, 4)[node.parent.start :]
+    assert cht.memory_footprint().nodes == 3  # the shared prefix, two own suffixes
+    first.append(4)  # would raise BufferError if the tree held a buffer view of it
+    second.extend([12, 13])

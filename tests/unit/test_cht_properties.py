@@ -126,6 +126,14 @@ def check_against_model(tree: ChunkedHashTree, model: BruteForceModel) -> None:
     assert footprint.reverse_index_keys == len(set(waiting_keys))
     assert footprint.reverse_index_holders == len(waiting_keys)
     assert footprint.levels == max((len(model.keys[rid]) for rid in model.state), default=0)
+    # The keys the tree holds for each request (hashed or reused from a node's tokens) are
+    # exactly its chunk hashes.
+    for rid in model.state:
+        node, path_keys = tree._requests[rid].leaf, []
+        while node.parent is not None:
+            path_keys[:0] = node.keys
+            node = node.parent
+        assert path_keys == model.keys[rid]
     # Path compression stays canonical: every node but the root ends where a request ends or
     # where paths branch, so there are at most two nodes per request.
     assert footprint.nodes <= 2 * len(model.state)
@@ -181,7 +189,7 @@ def test_tree_matches_brute_force(chunk_size, prefixes, operations):
 
     for rid in list(model.state):
         tree.remove(rid)
-    assert tree.memory_footprint() == type(tree.memory_footprint())(0, 0, 0, 0, 0, 0, 0, 0)
+    assert tree.memory_footprint() == type(tree.memory_footprint())(0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
 @settings(max_examples=200, deadline=None)
