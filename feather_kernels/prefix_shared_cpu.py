@@ -5,11 +5,15 @@ request's ``req_to_token`` row, so a shared prefix is visible as equal leading s
 group of ``G`` requests sharing ``P`` leading slots this computes
 
 * the prefix part ONCE for the group: all ``G * Hq`` queries against the ``P`` prefix keys
-  gathered once, as one matrix product per KV head, giving a partial output and log-sum-exp
-  per (request, head);
-* each request's own suffix ``[P, seq_len)``: all requests batched, padded to a common length
-  within power-of-two length buckets and masked;
-* the merge of the two parts by log-sum-exp (:func:`merge_state`, as FlashInfer's cascade).
+  gathered once (torch's fused CPU flash-attention op, per KV head), giving a partial output
+  and log-sum-exp per (request, query head);
+* each request's own suffix ``[P, seq_len)``: the group's requests batched, padded to a common
+  length within power-of-two length buckets and masked, in one softmax with the prefix part
+  as one more key (score = its log-sum-exp, value = its output): the exact log-sum-exp merge
+  of :func:`merge_state` (FlashInfer's cascade) folded into the suffix softmax.
+
+The gather indices (:class:`DecodePlan`) are built once per forward batch and the gathered K/V
+copies live in buffers of the plan, reused by every layer.
 
 torch_native instead gathers and attends ``req_to_token[req, :seq_len]`` per request, reading
 the shared prefix ``G`` times. Everything here accumulates in float32; inputs may be float32,
@@ -19,8 +23,9 @@ reads KV head ``h // (Hq // Hkv)``), ``D``/``Dv`` head dims, ``S`` pool slots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from feather_kernels.groups import PrefixGroup, find_prefix_groups
@@ -97,30 +102,32 @@ def attend_with_lse(
     return torch.matmul(probs, v), lse
 
 
-def _attend_padded(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked attention of one query per request against padded keys, fp32.
+@dataclass(frozen=True)
+class _SuffixBucket:
+    """Members of one plan part whose own suffixes fall in one length bucket.
 
-    ``q`` ``[N, Hkv, grp, D]`` (already scaled), ``k`` ``[N, L, Hkv, D]``, ``v``
-    ``[N, L, Hkv, Dv]``, ``valid`` ``[N, L]`` bool with >= 1 valid key per request. Returns
-    ``o`` ``[N, Hkv, grp, Dv]`` and ``lse`` ``[N, Hkv, grp]``.
+    ``pos``: ``[N]`` positions among the part's members (``None``: all of them, in order);
+    ``batch_idx``: ``[N]`` batch indices; ``slots``: ``[N, W]`` int64 KV slots of the suffixes,
+    padded with valid slot ids; ``invalid``: ``[N, W]`` bool padding mask (``None``: no padding).
     """
-    if _FLASH_CPU is not None and q.device.type == "cpu" and k.shape[-1] == v.shape[-1]:
-        mask = None
-        if not bool(valid.all()):
-            mask = torch.zeros(valid.shape[0], 1, 1, valid.shape[1], dtype=q.dtype,
-                               device=q.device).masked_fill_(~valid[:, None, None, :],
-                                                             float("-inf"))
-        o, lse = _FLASH_CPU(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
-                            scale=1.0)[:2]
-        return o, lse
-    scores = torch.matmul(q, k.permute(0, 2, 3, 1))  # [N, Hkv, grp, L]
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    m = scores.amax(dim=-1)
-    probs = torch.softmax(scores, dim=-1)
-    lse = m - torch.log(probs.amax(dim=-1))
-    return torch.matmul(probs, v.permute(0, 2, 1, 3)), lse
+
+    pos: torch.Tensor | None
+    batch_idx: torch.Tensor
+    slots: torch.Tensor
+    invalid: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One sharing group (``slots`` = its ``[P]`` prefix slots) or, with ``slots=None``, the
+    requests that share nothing. ``batch_idx`` ``[G]``; ``whole_batch``: it is ``arange(B)``;
+    ``empty``: positions of members whose suffix is empty (``None``: none)."""
+
+    batch_idx: torch.Tensor
+    whole_batch: bool
+    slots: torch.Tensor | None
+    buckets: tuple[_SuffixBucket, ...]
+    empty: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -128,14 +135,62 @@ class DecodePlan:
     """Gather indices of one decode batch, built once per forward batch and shared by every
     layer (the KV buffers change per layer, the slot ids do not).
 
-    ``prefix``: per sharing group, ``(batch_idx [G] int64, slots [P] int64)``.
-    ``suffix``: per length bucket, ``(batch_idx [N] int64, slots [N * W] int64,
-    valid [N, W] bool)``; requests with an empty suffix appear in no bucket.
+    ``parts``: one per sharing group, plus one for the requests that share nothing; each
+    request is in exactly one part. ``prefix``: per sharing group, ``(batch_idx [G] int64,
+    slots [P] int64)`` (empty: nothing shared in this batch).
     """
 
     batch_size: int
-    prefix: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-    suffix: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]
+    parts: tuple[_Part, ...]
+    # Suffix gather rows per (part, bucket, head count) (see _suffix_rows), derived on the
+    # first layer and reused by the others.
+    _rows: dict = field(default_factory=dict, compare=False, repr=False)
+    # Gather buffers (see _scratch), reused by every layer.
+    _scratch: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def prefix(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        return tuple((p.batch_idx, p.slots) for p in self.parts if p.slots is not None)
+
+
+# NOTE: suffixes up to this long share one bucket: padding them costs less than the extra
+# launches of more buckets would.
+_MIN_BUCKET = 16
+
+
+def _sort_last(t: torch.Tensor) -> torch.Tensor:
+    """``t`` sorted along its last dim (numpy on CPU: torch 2.13's one-thread sort of 8192
+    int64 takes ~300 us, numpy's ~20 us)."""
+    if t.device.type == "cpu":
+        return torch.from_numpy(np.sort(t.numpy(), axis=-1))
+    return torch.sort(t, dim=-1).values
+
+
+def _plan_part(req_to_token, rpi, seq_lens, idx, prefix_len, slots, B) -> _Part:
+    suf_len = seq_lens[idx] - prefix_len
+    assert bool((suf_len >= 0).all()), "a group's prefix_len exceeds a member's seq_len"
+    nonempty = suf_len > 0
+    # Suffixes [prefix_len, seq_len), bucketed by power-of-two length so padding at most
+    # doubles the work of a bucket.
+    bucket = torch.where(
+        nonempty, torch.ceil(torch.log2(suf_len.clamp(min=_MIN_BUCKET).double())).long(), -1
+    )
+    G = int(idx.shape[0])
+    buckets = []
+    for bk in torch.unique(bucket[nonempty]).tolist():
+        pos = torch.nonzero(bucket == bk).flatten()
+        lens = suf_len[pos]
+        width = int(lens.max())
+        ar = torch.arange(width, device=idx.device)
+        valid = ar[None, :] < lens[:, None]  # [N, width]
+        cols = (prefix_len + ar).clamp(max=req_to_token.shape[1] - 1)
+        sl = req_to_token[rpi[idx[pos], None], cols[None, :]].long()  # [N, width]
+        everyone = pos.shape[0] == G  # nonzero is sorted: all members, in order
+        buckets.append(_SuffixBucket(None if everyone else pos, idx[pos], sl,
+                                     None if bool(valid.all()) else ~valid))
+    empty = torch.nonzero(~nonempty).flatten()
+    whole = G == B and bool((idx == torch.arange(B, device=idx.device)).all())
+    return _Part(idx, whole, slots, tuple(buckets), empty if empty.numel() else None)
 
 
 def plan_decode(
@@ -155,34 +210,130 @@ def plan_decode(
         groups = find_prefix_groups(req_to_token, req_pool_indices, seq_lens)
     rpi = req_pool_indices.long()
     seq_lens = seq_lens.long()
-    prefix_len = torch.zeros(B, dtype=torch.long, device=device)
-    prefix = []
+    parts, loners = [], []
     for g in groups:
-        if g.prefix_len == 0:
-            continue
         idx = g.batch_indices.to(device).long()
-        prefix_len[idx] = g.prefix_len
-        slots = req_to_token[int(rpi[idx[0]]), : g.prefix_len].long()
-        prefix.append((idx, slots))
-    # Suffixes [prefix_len, seq_len), bucketed by power-of-two length so padding at most
-    # doubles the work of a bucket.
-    suf_len = seq_lens - prefix_len
-    assert bool((suf_len >= 0).all()), "a group's prefix_len exceeds a member's seq_len"
-    nonempty = suf_len > 0
-    bucket = torch.where(
-        nonempty, torch.ceil(torch.log2(suf_len.clamp(min=1).double())).long(), -1
-    )
-    suffix = []
-    for bk in torch.unique(bucket[nonempty]).tolist():
-        idx = torch.nonzero(bucket == bk).flatten()
-        lens = suf_len[idx]
-        width = int(lens.max())
-        pos = torch.arange(width, device=device)
-        valid = pos[None, :] < lens[:, None]  # [N, width]
-        cols = (prefix_len[idx, None] + pos[None, :]).clamp(max=req_to_token.shape[1] - 1)
-        slots = req_to_token[rpi[idx, None], cols].long().flatten()  # [N * width]
-        suffix.append((idx, slots, valid))
-    return DecodePlan(B, tuple(prefix), tuple(suffix))
+        if g.prefix_len == 0:
+            loners.append(idx)
+            continue
+        # NOTE: attention is blind to key order, so the prefix is gathered in ascending slot
+        # order: nearby rows read in address order, which the prefetcher follows.
+        slots = _sort_last(req_to_token[int(rpi[idx[0]]), : g.prefix_len].long())
+        parts.append(_plan_part(req_to_token, rpi, seq_lens, idx, g.prefix_len, slots, B))
+    if loners:
+        idx = torch.sort(torch.cat(loners)).values
+        if idx.numel():
+            parts.append(_plan_part(req_to_token, rpi, seq_lens, idx, 0, None, B))
+    return DecodePlan(B, tuple(parts))
+
+
+def _suffix_rows(plan: DecodePlan, part_i: int, bucket_i: int, Hkv: int) -> torch.Tensor:
+    """Rows of a ``[S * Hkv, D]`` view of a KV buffer holding one bucket's suffix keys, in
+    (request, head, position) order, so that each (request, head)'s keys gather contiguous;
+    where the part has a prefix, one spare row per (request, head) follows its ``W``
+    positions (see :func:`_suffix_and_merge`). Derived on the first layer, reused by the
+    others.
+    """
+    key = (part_i, bucket_i, Hkv)
+    rows = plan._rows.get(key)
+    if rows is None:
+        part = plan.parts[part_i]
+        slots = part.buckets[bucket_i].slots  # [N, W]
+        if part.slots is not None:
+            slots = torch.cat([slots, slots[:, :1]], 1)
+        heads = torch.arange(Hkv, device=slots.device)
+        rows = plan._rows[key] = (slots[:, None, :] * Hkv + heads[None, :, None]).flatten()
+    return rows
+
+
+def _scratch(plan: DecodePlan, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+             device: torch.device) -> torch.Tensor:
+    """A reusable buffer of the plan: the same memory for every layer of the forward batch.
+
+    NOTE: the gathered K/V copies are megabytes; allocated per call, glibc hands such blocks
+    back to the kernel often enough that re-faulting their pages can cost as much as the
+    attention itself (seen: ~1100 page faults and 2-3x the time per call at B=16, P=2048).
+    Never a returned tensor.
+    """
+    n = 1
+    for s in shape:
+        n *= s
+    key = (name, dtype, device)
+    buf = plan._scratch.get(key)
+    if buf is None or buf.numel() < n:
+        buf = plan._scratch[key] = torch.empty(n, dtype=dtype, device=device)
+    return buf[:n].view(shape)
+
+
+def _gather(plan: DecodePlan, name: str, src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``src.index_select(0, index)`` as float32, into the plan's scratch buffers."""
+    shape = (index.shape[0],) + tuple(src.shape[1:])
+    if src.dtype == torch.float32:
+        return torch.index_select(src, 0, index,
+                                  out=_scratch(plan, name, shape, src.dtype, src.device))
+    raw = torch.index_select(src, 0, index,
+                             out=_scratch(plan, name + "_raw", shape, src.dtype, src.device))
+    return _scratch(plan, name, shape, torch.float32, src.device).copy_(raw)
+
+
+def _gather_suffix(plan: DecodePlan, name: str, buffer: torch.Tensor, rows: torch.Tensor,
+                   batch: int) -> torch.Tensor:
+    """The rows (from :func:`_suffix_rows`) of ``buffer`` ``[S, Hkv, D]`` as float32
+    ``[batch, -1, D]``, ``batch`` = N * Hkv."""
+    S, Hkv, D = buffer.shape
+    if buffer.is_contiguous():
+        return _gather(plan, name, buffer.view(S * Hkv, D), rows).view(batch, -1, D)
+    # rare (a strided pool view): one row at a time
+    return buffer[rows // Hkv, rows % Hkv].float().view(batch, -1, D)
+
+
+def _suffix_and_merge(
+    qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, invalid: torch.Tensor | None,
+    scale: float, o_pre: torch.Tensor | None, lse_pre: torch.Tensor | None,
+) -> torch.Tensor:
+    """Each request's own suffix, merged with its prefix part if given; float32.
+
+    ``qs`` ``[N, Hkv, grp, D]``; ``k`` ``[N * Hkv, W', D]``; ``v`` ``[N * Hkv, W', Dv]`` where
+    ``W' = W + 1`` with a prefix part (the last row is a spare) and ``W`` without; ``invalid``
+    ``[N, W]`` padding (every request keeps >= 1 key, counting the prefix part); ``o_pre``
+    ``[N, Hkv, grp, Dv]`` and ``lse_pre`` ``[N, Hkv, grp]`` (any strides): the prefix part,
+    normalised over its own keys. Returns ``[N, Hkv, grp, Dv]``.
+
+    NOTE: the prefix part joins the softmax as one extra key per query, with score ``lse_pre``
+    and value ``o_pre``: exp(lse_pre) is exactly the prefix part's softmax denominator, so one
+    softmax over ``[suffix scores, lse_pre]`` weighs both parts as attention over all keys
+    would: the log-sum-exp merge (FlashInfer's ``merge_state``) without its separate passes.
+    The spare key row makes the score matrix ``[.., W + 1]`` come out of one contiguous
+    batched matmul (a strided output makes torch loop over the batch); its score is then
+    overwritten by ``lse_pre``.
+    """
+    N, Hkv, grp, D = qs.shape
+    Wx, Dv = k.shape[1], v.shape[2]
+    W = Wx - (0 if o_pre is None else 1)
+    scores = torch.baddbmm(qs.new_empty(()).expand(N * Hkv, grp, Wx),
+                           qs.reshape(N * Hkv, grp, D), k.transpose(1, 2), beta=0.0, alpha=scale)
+    if invalid is not None:
+        scores[:, :, :W].view(N, Hkv, grp, W).masked_fill_(invalid[:, None, None, :],
+                                                          float("-inf"))
+    if o_pre is None:
+        return torch.bmm(torch.softmax(scores, dim=-1), v).view(N, Hkv, grp, Dv)
+    scores[:, :, W].view(N, Hkv, grp).copy_(lse_pre)
+    probs = torch.softmax(scores, dim=-1)
+    o = torch.empty(N, Hkv, grp, Dv, dtype=torch.float32, device=qs.device)
+    torch.mul(probs[:, :, W:].view(N, Hkv, grp, 1), o_pre, out=o)
+    o.view(N * Hkv, grp, Dv).baddbmm_(probs[:, :, :W], v[:, :W])
+    return o
+
+
+def _attend_prefix(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` ``[Hkv, M, D]`` float32 (unscaled) against ``k``/``v`` ``[Hkv, P, D|Dv]`` (any
+    strides): ``o`` ``[Hkv, M, Dv]`` and ``lse`` ``[Hkv, M]`` (possibly strided)."""
+    if _FLASH_CPU is not None and q.device.type == "cpu" and k.shape[-1] == v.shape[-1]:
+        o, lse = _FLASH_CPU(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=scale)[:2]
+        return o[0], lse[0]
+    return attend_with_lse(q * scale, k, v)
 
 
 def prefix_shared_decode(
@@ -197,7 +348,7 @@ def prefix_shared_decode(
     out: torch.Tensor | None = None,
     plan: DecodePlan | None = None,
 ) -> torch.Tensor:
-    """One decode step: shared prefix once per group, suffixes batched, LSE merge.
+    """One decode step: shared prefix once per group, suffixes batched, merged exactly.
 
     Args:
         q: ``[B, Hq, D]`` float32/bfloat16/float16.
@@ -208,8 +359,8 @@ def prefix_shared_decode(
         groups: from :func:`find_prefix_groups` (or the scheduler); each request in exactly
             one group; ``None`` finds them here. Ignored when ``plan`` is given.
         out: optional ``[B, Hq, Dv]`` (any strides) written in place.
-        plan: from :func:`plan_decode` for this batch (reuse it across layers); ``None``
-            builds it here.
+        plan: from :func:`plan_decode` for this batch (reuse it across layers, one call at a
+            time: it holds the gather buffers); ``None`` builds it here.
 
     Returns:
         ``[B, Hq, Dv]`` in ``q.dtype`` (``out`` if given).
@@ -224,40 +375,52 @@ def prefix_shared_decode(
     if plan is None:
         plan = plan_decode(req_to_token, req_pool_indices, seq_lens, groups)
     assert plan.batch_size == B, "plan built for another batch"
-    qs = (q.float() * scale).view(B, Hkv, grp, D)  # scale folded into the small operand
-
-    # Prefix parts: the group's P keys gathered once, all G*grp queries per KV head at once.
-    pre_o: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    for idx, slots in plan.prefix:
-        k = _gather_heads_first(k_buffer, slots)  # [Hkv, P, D]
-        v = _gather_heads_first(v_buffer, slots)  # [Hkv, P, Dv]
-        G = idx.shape[0]
-        qg = qs[idx].permute(1, 0, 2, 3).reshape(Hkv, G * grp, D)
-        o, lse = attend_with_lse(qg, k, v)  # [Hkv, G*grp, Dv], [Hkv, G*grp]
-        o = o.view(Hkv, G, grp, Dv).permute(1, 0, 2, 3)
-        pre_o.append((idx, o, lse.view(Hkv, G, grp).permute(1, 0, 2)))
-
-    # Suffix parts, one padded batch per length bucket.
-    res = torch.zeros(B, Hkv, grp, Dv, dtype=torch.float32, device=q.device)
-    suf_lse = torch.full((B, Hkv, grp), float("-inf"), dtype=torch.float32, device=q.device)
-    for idx, slots, valid in plan.suffix:
-        width = valid.shape[1]
-        k = k_buffer.index_select(0, slots).float().view(-1, width, Hkv, D)
-        v = v_buffer.index_select(0, slots).float().view(-1, width, Hkv, Dv)
-        o, lse = _attend_padded(qs[idx], k, v, valid)
-        res[idx] = o
-        suf_lse[idx] = lse
-
-    for idx, o, lse in pre_o:
-        # NOTE: merge_state, minus its NaN guards: a prefix part is never empty (P >= 1) and an
-        # empty suffix part holds zeros with lse = -inf, so the weights below are safe.
-        suf = suf_lse[idx]
-        m = torch.maximum(lse, suf)
-        w_pre = torch.exp(lse - m).unsqueeze(-1)
-        w_suf = torch.exp(suf - m).unsqueeze(-1)
-        res[idx] = (o * w_pre + res[idx] * w_suf) / (w_pre + w_suf)
-    result = res.view(B, Hq, Dv).to(q.dtype)
+    f32, dev = torch.float32, q.device
+    qf = q.float().view(B, Hkv, grp, D)  # no copy for float32
+    res = None  # [B, Hkv, grp, Dv] float32, possibly strided
+    for i, part in enumerate(plan.parts):
+        G = part.batch_idx.shape[0]
+        qp = qf if part.whole_batch else qf.index_select(0, part.batch_idx)  # [G, Hkv, grp, D]
+        o_pre = lse_pre = None
+        if part.slots is not None:
+            # The group's P prefix keys gathered once; all G*grp queries per KV head at once.
+            qg = torch.empty(Hkv, G, grp, D, dtype=f32, device=dev)
+            qg.copy_(qp.transpose(0, 1))
+            k = _gather(plan, "k_pre", k_buffer, part.slots).transpose(0, 1)  # [Hkv, P, D]
+            v = _gather(plan, "v_pre", v_buffer, part.slots).transpose(0, 1)  # [Hkv, P, Dv]
+            o, lse = _attend_prefix(qg.view(Hkv, G * grp, D), k, v, scale)
+            o_pre = o.view(Hkv, G, grp, Dv).transpose(0, 1)  # [G, Hkv, grp, Dv]
+            lse_pre = lse.view(Hkv, G, grp).transpose(0, 1)  # [G, Hkv, grp]
+        if len(part.buckets) == 1 and part.buckets[0].pos is None:  # the common case
+            rows = _suffix_rows(plan, i, 0, Hkv)
+            o_part = _suffix_and_merge(
+                qp, _gather_suffix(plan, "k_suf", k_buffer, rows, G * Hkv),
+                _gather_suffix(plan, "v_suf", v_buffer, rows, G * Hkv),
+                part.buckets[0].invalid, scale, o_pre, lse_pre)
+        else:
+            o_part = torch.empty(G, Hkv, grp, Dv, dtype=f32, device=dev)
+            for j, b in enumerate(part.buckets):
+                rows = _suffix_rows(plan, i, j, Hkv)
+                N = b.pos.shape[0]
+                o_part.index_copy_(0, b.pos, _suffix_and_merge(
+                    qp.index_select(0, b.pos),
+                    _gather_suffix(plan, "k_suf", k_buffer, rows, N * Hkv),
+                    _gather_suffix(plan, "v_suf", v_buffer, rows, N * Hkv), b.invalid, scale,
+                    None if o_pre is None else o_pre.index_select(0, b.pos),
+                    None if lse_pre is None else lse_pre.index_select(0, b.pos)))
+            if part.empty is not None and o_pre is not None:  # the prefix part alone
+                o_part.index_copy_(0, part.empty, o_pre.index_select(0, part.empty))
+            elif part.empty is not None:  # no keys at all (seq_len 0): zeros, as before
+                o_part.index_fill_(0, part.empty, 0.0)
+        if part.whole_batch:
+            res = o_part
+        else:
+            if res is None:
+                res = torch.empty(B, Hkv, grp, Dv, dtype=f32, device=dev)
+            res.index_copy_(0, part.batch_idx, o_part)
+    if res is None:  # empty batch
+        res = torch.zeros(B, Hkv, grp, Dv, dtype=f32, device=dev)
     if out is not None:
-        out.copy_(result)
+        out.view(B, Hkv, grp, Dv).copy_(res)
         return out
-    return result
+    return res.reshape(B, Hq, Dv).to(q.dtype)

@@ -101,6 +101,55 @@ def test_cpu_plan_is_reused_across_layers():
                torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("suffixes", [
+    [40, 33, 64, 50, 63],  # one length bucket, padded and masked
+    [64, 64, 64, 64, 64],  # one bucket, no padding (the benchmark's shape)
+    [1, 16, 5, 9, 0],  # short suffixes share a bucket; one request is the prefix alone
+    [0, 0, 0, 0, 0],  # prefix only
+])
+def test_cpu_path_one_group_suffix_shapes(suffixes, dtype):
+    batch = make_decode_batch([5], [30], suffixes, 9, 3, 64, dtype=dtype, seed=sum(suffixes))
+    _close(prefix_shared_decode(*batch.args), decode_attention_reference(*batch.args), dtype)
+
+
+def test_cpu_plan_buffers_are_not_returned():
+    # the plan keeps its gather buffers between calls: an earlier layer's output must survive
+    batch = make_decode_batch([4, 3], [50, 20], [3, 0, 7, 1, 5, 9, 64], 8, 2, 32, seed=4)
+    plan = plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    first = prefix_shared_decode(*batch.args, plan=plan)
+    kept = first.clone()
+    g = torch.Generator().manual_seed(2)
+    k = torch.randn(batch.k_buffer.shape, generator=g)
+    v = torch.randn(batch.v_buffer.shape, generator=g)
+    args = (batch.q, k, v) + batch.args[3:]
+    _close(prefix_shared_decode(*args, plan=plan), decode_attention_reference(*args),
+           torch.float32)
+    assert torch.equal(first, kept)
+    # the same plan for another dtype (its own buffers) and a bigger head count
+    args16 = (batch.q.bfloat16(), k.bfloat16(), v.bfloat16()) + batch.args[3:]
+    _close(prefix_shared_decode(*args16, plan=plan), decode_attention_reference(*args16),
+           torch.bfloat16)
+    q8 = torch.randn(batch.q.shape[0], 8, 32, generator=g)
+    k8 = torch.randn(k.shape[0], 4, 32, generator=g)
+    v8 = torch.randn(k.shape[0], 4, 32, generator=g)
+    args8 = (q8, k8, v8) + batch.args[3:]
+    _close(prefix_shared_decode(*args8, plan=plan), decode_attention_reference(*args8),
+           torch.float32)
+
+
+def test_cpu_path_strided_kv_buffers():
+    # a KV pool view that is not contiguous (e.g. one slice of a wider buffer)
+    batch = make_decode_batch([3, 2], [40, 0], [0, 5, 70, 1, 3], 8, 2, 32, seed=8)
+    wide_k = torch.randn(batch.k_buffer.shape[0], 4, 32)
+    wide_v = torch.randn(batch.v_buffer.shape[0], 4, 32)
+    wide_k[:, 1:3] = batch.k_buffer
+    wide_v[:, 1:3] = batch.v_buffer
+    args = (batch.q, wide_k[:, 1:3], wide_v[:, 1:3]) + batch.args[3:]
+    assert not args[1].is_contiguous()
+    _close(prefix_shared_decode(*args), decode_attention_reference(*batch.args), torch.float32)
+
+
 def test_cpu_paths_without_the_fused_flash_op(monkeypatch):
     # the matmul + softmax fallback, for torch builds without the private flash op
     import feather_kernels.prefix_shared_cpu as cpu
@@ -108,6 +157,9 @@ def test_cpu_paths_without_the_fused_flash_op(monkeypatch):
     monkeypatch.setattr(cpu, "_FLASH_CPU", None)
     batch = make_decode_batch([3, 2, 1], [40, 20, 0], [0, 5, 70, 1, 3, 9], 8, 2, 32, seed=5)
     _close(prefix_shared_decode(*batch.args), decode_attention_reference(*batch.args),
+           torch.float32)
+    one = make_decode_batch([4], [40], [9, 12, 3, 16], 8, 2, 32, seed=9)  # one suffix bucket
+    _close(prefix_shared_decode(*one.args), decode_attention_reference(*one.args),
            torch.float32)
     ext = make_extend_batch([3, 1], [30, 0], [2, 0, 0, 0], [4, 1, 9, 6], 8, 2, 32, seed=6)
     _close(prefix_shared_extend(*ext.args), extend_attention_reference(*ext.args),
