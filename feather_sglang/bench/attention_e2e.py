@@ -22,7 +22,8 @@ def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: 
     for r in range(rounds):
         for backend in times:
             args = ["--attention-backend", backend, "--dtype", dtype]
-            with SGLangServer(model, policy, args, log_path=Path(log_dir) / f"attention-{backend}.log") as server:
+            log_path = Path(log_dir) / f"attention-{backend}-{dtype}.log"
+            with SGLangServer(model, policy, args, log_path=log_path) as server:
                 start = time.monotonic()
                 outputs[backend] = generate_all(server.url, prompts, max_new_tokens)
                 times[backend].append(time.monotonic() - start)
