@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import array
 import heapq
+import sys
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -301,11 +302,13 @@ class ChunkedHashTree:
         if rid in self._requests:
             raise ValueError(f"request {rid!r} is already tracked ({self._requests[rid].state})")
         buffer = token_bytes(token_ids)
-        tokens = np.frombuffer(buffer, dtype=np.int64)
+        tokens = np.frombuffer(buffer, dtype="<i8")
         keys = self._keys_reusing_nodes(buffer, tokens)
         # What a new node keeps: the caller's array('q') itself (a view would pin its buffer),
         # else the int64 tokens (a view of immutable bytes or of the caller's numpy array).
-        keep = token_ids if isinstance(token_ids, array.array) and token_ids.typecode in "ql" else tokens
+        in_place = (isinstance(token_ids, array.array) and token_ids.typecode in "ql"
+                    and token_ids.itemsize == 8 and sys.byteorder == "little")
+        keep = token_ids if in_place else tokens
         self._add(rid, keys, keep, len(tokens))
 
     def add_waiting_keys(self, rid: Hashable, keys: Sequence[int]) -> None:
@@ -393,7 +396,7 @@ class ChunkedHashTree:
             if stop > total_tokens or (stop != total_tokens and stop != child.end * chunk):
                 break
             source = child.source
-            theirs = source if isinstance(source, np.ndarray) else np.frombuffer(source, dtype=np.int64)
+            theirs = source if isinstance(source, np.ndarray) else np.frombuffer(source, dtype="<i8")
             if not np.array_equal(tokens[level * chunk : stop], theirs[level * chunk : stop]):
                 break
             keys.extend(child.keys[1:])
