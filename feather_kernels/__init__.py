@@ -12,6 +12,9 @@ Three implementations of the same operation, one file each:
 * :mod:`feather_kernels.prefix_shared_triton` - one Triton launch with horizontal fusion
   (prefix programs and suffix programs) plus a small merge kernel. Imported lazily: importing
   this package never imports triton.
+* :mod:`feather_kernels.dispatch` - which of the two decode paths runs (Triton on CUDA
+  tensors, torch elsewhere), with one plan per forward batch reused by every layer: what
+  ``--attention-backend feather`` calls.
 
 The import name is ``feather_kernels``, not ``kernels``: sglang depends on a PyPI package
 called ``kernels`` that a top-level ``kernels`` here would shadow.
