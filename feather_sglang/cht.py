@@ -240,10 +240,7 @@ class ChunkedHashTree:
         O(nodes on its path). The prefix leader uses it: a group whose shared prefix is not
         cached yet should compute it once before the rest of the group is admitted.
         """
-        node = self._waiting_request(rid).leaf
-        while len(node.waiting) < 2 and node.parent is not None:
-            node = node.parent
-        return node.end
+        return self._deepest_shared_while_waiting(rid).end
 
     def waiting_shared_beyond_running(self, rid: Hashable) -> int:
         """``waiting_shared_depth(rid)`` if running requests do not hold all of those leading
@@ -253,10 +250,16 @@ class ChunkedHashTree:
         running node is running), so the shared part reaches beyond them exactly when the
         deepest node shared with another waiting request has no running request.
         """
+        node = self._deepest_shared_while_waiting(rid)
+        return node.end if not node.running else 0
+
+    def _deepest_shared_while_waiting(self, rid: Hashable) -> _Node:
+        """The deepest node of waiting ``rid``'s path that another waiting request runs
+        through too (the root if none)."""
         node = self._waiting_request(rid).leaf
         while len(node.waiting) < 2 and node.parent is not None:
             node = node.parent
-        return node.end if not node.running else 0
+        return node
 
     def num_chunks(self, rid: Hashable) -> int:
         """Number of keys (chunks, the last one possibly partial) of ``rid``."""

@@ -27,8 +27,10 @@ _TOKEN_DTYPE = np.dtype("<i8")
 _TOKEN_BYTES = _TOKEN_DTYPE.itemsize
 
 
-def _token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
-    """Return the token ids as one buffer of little-endian int64 (8 bytes per token).
+def token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
+    """The token ids as one buffer of little-endian int64, 8 bytes a token (see
+    :func:`chunk_hashes` for the accepted containers; SGLang's ``array('q')`` is read in place).
+    ``np.frombuffer(token_bytes(ids), "<i8")`` views it as tokens.
 
     NOTE: a Python list goes through ``struct`` rather than ``np.asarray``: both
     convert in C without a Python loop over tokens, but on a 10K-token list
@@ -68,13 +70,6 @@ def chunk_hashes(token_ids: Iterable[int] | np.ndarray, chunk_size: int) -> list
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 token, got {chunk_size}")
     return hash_chunks_from(token_bytes(token_ids), chunk_size, 0, CHUNK_HASH_ROOT_SEED)
-
-
-def token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
-    """The token ids as one buffer of little-endian int64, 8 bytes a token (see
-    :func:`chunk_hashes` for the accepted containers; SGLang's ``array('q')`` is read in place).
-    ``np.frombuffer(token_bytes(ids), "<i8")`` views it as tokens."""
-    return _token_bytes(token_ids)
 
 
 def hash_chunk(buffer: bytes | memoryview, chunk_size: int, index: int, seed: int) -> int:

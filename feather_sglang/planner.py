@@ -199,7 +199,7 @@ class AdmissionPlanner:
             if decide(state) is Action.STOP:
                 plan.stop_reason = "agent"
                 break
-            leader = leader_check and view.deficit > 0 and self._needs_leader(rid, view, cached_prefix_tokens)
+            leader = leader_check and view.deficit > 0 and self._needs_leader(rid, cached_prefix_tokens)
             planned_tokens += view.deficit * chunk_size
             admit(rid)
             on_admit(state)
@@ -218,7 +218,7 @@ class AdmissionPlanner:
         stats.plan_seconds += time.perf_counter() - start
         return plan
 
-    def _needs_leader(self, rid, view, cached_prefix_tokens) -> bool:
+    def _needs_leader(self, rid, cached_prefix_tokens) -> bool:
         """True if ``rid`` shares leading chunks with other waiting requests that are not
         cached yet: computing them once, then letting the group hit the cache, beats every
         member computing the same prefix in one batch."""

@@ -32,7 +32,7 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         super().__init__(model_runner)
         self._decode_plan = None
         self._extend_groups = None
-        device = torch.device(model_runner.device)
+        device = torch.device(self.device)  # set by TorchNativeAttnBackend
         self._extend_shared = device.type == "cpu"
         if self._extend_shared:
             logger.info("feather attention backend: prefix-shared decode and extend (decode: %s path)",
