@@ -256,6 +256,8 @@ def main(argv=None) -> int:
             suffix = "" if dtype == "float32" else f"_{dtype}"
             summary[f"server_speedup_total_time{suffix}"] = server[dtype]["speedup_total_time"]
             summary[f"server_greedy_outputs_equal{suffix}"] = not server[dtype]["greedy_problems"]
+            summary[f"server_speedup_bound_if_attention_were_free{suffix}"] = \
+                server[dtype]["speedup_bound_if_attention_were_free"]
     print(json.dumps(summary))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

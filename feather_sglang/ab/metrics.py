@@ -26,6 +26,7 @@ COLUMNS = [
     ("mean_decode_prefix_tokens", "shared depth", "{:.0f}"),
     ("mean_groups_per_decode", "groups/step", "{:.2f}"),
     ("sched_fraction", "sched %", "{:.3%}"),
+    ("attention_fraction", "attn %", "{:.1%}"),
 ]
 
 
@@ -46,6 +47,7 @@ def compute(result: "RunResult", workload: "Workload") -> dict:
     computed = sum(e["extend_tokens"] for e in steps if e["mode"] == "extend")
     sched = sum(e["sched_s"] for e in steps)
     step = sum(e["step_s"] for e in steps)
+    attn = sum(e.get("attn_s", 0.0) for e in steps)
     span = result.makespan_s
     return {
         "requests": len(recs),
@@ -70,6 +72,12 @@ def compute(result: "RunResult", workload: "Workload") -> dict:
         "mean_groups_per_decode": (statistics.mean(len({group_of.get(r, r) for r in e["rids"]}) for e in decode)
                                    if decode else float("nan")),
         "sched_fraction": sched / (sched + step) if sched + step > 0 else float("nan"),
+        # where the steps' time went: prefill (extend) and decode steps, and the attention
+        # backend's share of both (the rest is the model's matmuls and the runtime around them)
+        "extend_step_s": sum(e["step_s"] for e in steps if e["mode"] == "extend"),
+        "decode_step_s": sum(e["step_s"] for e in decode),
+        "attention_s": attn,
+        "attention_fraction": attn / step if step > 0 else float("nan"),
     }
 
 

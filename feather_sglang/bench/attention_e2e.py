@@ -4,6 +4,7 @@ feather`` and with ``torch_native``, same policy, rounds interleaved; medians an
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,25 +14,48 @@ def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: 
                           dtype: str = "float32") -> dict:
     """Total time of ``requests`` greedy requests sharing one ~740-token system prompt (cold
     server: the first request computes the prefix), per backend; outputs must agree."""
+    from feather_sglang.sglang_integration.trace import ENV, read_trace
     from feather_sglang.tools.server import SGLangServer
     from feather_sglang.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
 
     prompts = shared_prefix_prompts(1, requests, repeat=prefix_repeat)
     times: dict[str, list[float]] = {"feather": [], "torch_native": []}
+    parts: dict[str, list[dict]] = {b: [] for b in times}
     outputs = {}
+    trace_dir = Path(tempfile.mkdtemp(prefix="feather-attn-e2e-"))
     for r in range(rounds):
         for backend in times:
             args = ["--attention-backend", backend, "--dtype", dtype]
             log_path = Path(log_dir) / f"attention-{backend}-{dtype}.log"
-            with SGLangServer(model, policy, args, log_path=log_path) as server:
+            trace_path = trace_dir / f"{backend}-{dtype}-{r}.jsonl"
+            with SGLangServer(model, policy, args, log_path=log_path, env={ENV: str(trace_path)}) as server:
                 start = time.monotonic()
                 outputs[backend] = generate_all(server.url, prompts, max_new_tokens)
                 times[backend].append(time.monotonic() - start)
-            print(f"  round {r + 1}: {backend}: {times[backend][-1]:.1f} s", flush=True)
+            parts[backend].append(_split(read_trace(trace_path), start))
+            p = parts[backend][-1]
+            print(f"  round {r + 1}: {backend}: {times[backend][-1]:.1f} s (steps: extend {p['extend_s']:.1f} s, "
+                  f"decode {p['decode_s']:.1f} s; attention {p['attention_s']:.1f} s of them)", flush=True)
     med = {b: statistics.median(t) for b, t in times.items()}
+    split = {b: {k: round(statistics.median(p[k] for p in ps), 3) for k in ps[0]} for b, ps in parts.items()}
+    # What feather's backend could still gain: its total with every second of attention removed.
+    floor = med["feather"] - split["feather"]["attention_s"]
     return {
         "model": model, "policy": policy, "dtype": dtype, "requests": requests,
         "max_new_tokens": max_new_tokens, "seconds": times, "median_s": med,
         "speedup_total_time": round(med["torch_native"] / med["feather"], 2),
+        "median_split_s": split,
+        "speedup_bound_if_attention_were_free": round(med["torch_native"] / floor, 2) if floor > 0 else None,
         "greedy_problems": compare_greedy(outputs["feather"], outputs["torch_native"]),
+    }
+
+
+def _split(trace: list[dict], start: float) -> dict:
+    """Step time of one run by kind, and the attention backend's part of it (batch trace)."""
+    # NOTE: the trace's "t" is time.monotonic() in the server, the same clock as ours
+    steps = [e for e in trace if e["t"] >= start]
+    return {
+        "extend_s": sum(e["step_s"] for e in steps if e["mode"] == "extend"),
+        "decode_s": sum(e["step_s"] for e in steps if e["mode"] == "decode"),
+        "attention_s": sum(e.get("attn_s", 0.0) for e in steps),
     }

@@ -108,3 +108,7 @@ def install_hooks() -> None:
     reg(f"{_SCHED}.Scheduler.on_idle", policy.on_idle_after, HookType.AFTER)
     if os.environ.get(trace.ENV):
         reg(f"{_SCHED}.Scheduler.get_next_batch_to_run", trace.get_next_batch_to_run_around, HookType.AROUND)
+        # feather's backend inherits both from torch_native's, so one hook times either
+        native = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
+        for method in ("forward_decode", "forward_extend"):
+            reg(f"{native}.{method}", trace.attention_forward_around, HookType.AROUND)

@@ -5,7 +5,7 @@ Enabled by ``FEATHER_BATCH_TRACE=/path/file.jsonl`` in the server's environment;
 scheduler process appends one JSON line per forward step, written after the step ran::
 
     {"t": <monotonic s>, "mode": "extend"|"decode", "rids": [...], "prefix_tokens": <int>,
-     "extend_tokens": <int>, "sched_s": <float>, "step_s": <float>}
+     "extend_tokens": <int>, "sched_s": <float>, "step_s": <float>, "attn_s": <float>}
 
 ``prefix_tokens`` is the longest prompt prefix common to every request of the step;
 ``extend_tokens`` the prompt tokens computed by an extend step (0 for decode); ``sched_s`` the
@@ -44,6 +44,7 @@ class BatchTracer:
     def __init__(self, path: str) -> None:
         self._file = open(path, "a", buffering=1)
         self.sched_s = 0.0  # the last get_next_batch_to_run, waiting for its step
+        self.attn_s = 0.0  # attention time of the step being run
 
     def record(self, batch, step_s: float) -> None:
         if batch is None or not batch.reqs:
@@ -63,11 +64,12 @@ class BatchTracer:
                     "extend_tokens": int(batch.extend_num_tokens or 0) if kind == "extend" else 0,
                     "sched_s": round(self.sched_s, 7),
                     "step_s": round(step_s, 7),
+                    "attn_s": round(self.attn_s, 7),
                 }
             )
             + "\n"
         )
-        self.sched_s = 0.0
+        self.sched_s = self.attn_s = 0.0
 
 
 _tracer: BatchTracer | None = None
@@ -89,6 +91,18 @@ def get_next_batch_to_run_around(original, scheduler, *args, **kwargs):
         # NOTE: passes that chose nothing (idle, or waiting on memory) add to the next step's
         # scheduling time, so that sched_s sums to all the time spent choosing batches.
         t.sched_s += time.perf_counter() - started
+    return result
+
+
+def attention_forward_around(original, backend, *args, **kwargs):
+    """Around ``TorchNativeAttnBackend.forward_decode``/``forward_extend`` (one layer's call)."""
+    started = time.perf_counter()
+    result = original(backend, *args, **kwargs)
+    t = tracer()
+    if t is not None:
+        # NOTE: wall time is the compute time only where the backend runs synchronously (CPU);
+        # on a GPU this would time kernel launches.
+        t.attn_s += time.perf_counter() - started
     return result
 
 

@@ -14,6 +14,7 @@ import openai
 import pytest
 import requests
 
+from feather_sglang.sglang_integration.trace import read_trace
 from feather_sglang.tools.server import SGLangServer
 from feather_sglang.tools.workload import compare_greedy, generate_all, homogeneity, shared_prefix_prompts
 
@@ -60,6 +61,7 @@ def _run(model, policy, tmp_path_factory, groups, per_group, max_new_tokens, com
     result["group_alive_after_stop"] = server.group_alive()
     result["log"] = server.log_path.read_text(errors="replace")
     result["homogeneity"] = homogeneity(trace, [rid for rid, _ in prompts])
+    result["trace"] = read_trace(trace)
     return result
 
 
@@ -128,6 +130,15 @@ def test_batches_more_prefix_homogeneous_than_fcfs(runs, request):
     assert feather["decode_steps"] > 0 and fcfs["decode_steps"] > 0
     assert feather["mean_groups_per_step"] < fcfs["mean_groups_per_step"]
     assert feather["mean_shared_prefix_tokens"] > fcfs["mean_shared_prefix_tokens"]
+
+
+@pytest.mark.parametrize("policy", ["feather", "fcfs"])
+def test_trace_times_attention_inside_each_step(smollm2_runs, policy):
+    steps = smollm2_runs[policy]["trace"]
+    assert {e["mode"] for e in steps} == {"extend", "decode"}
+    for e in steps:
+        # every step runs all layers' attention, and more than attention
+        assert 0 < e["attn_s"] < e["step_s"], e
 
 
 @pytest.mark.parametrize("runs", ["tiny_runs", "smollm2_runs"])

@@ -27,10 +27,14 @@ def test_metrics_from_records_and_trace():
     records = [rec("a", 100, 0, [5, 6, 7, 8], 1.0, 2.0), rec("b", 100, 90, [5, 6, 7, 8], 2.0, 3.0),
                rec("c", 100, 0, [9, 9, 9, 9], 3.0, 4.0)]
     trace = [
-        {"mode": "extend", "rids": ["a", "c"], "prefix_tokens": 0, "extend_tokens": 200, "sched_s": 0.01, "step_s": 0.99},
-        {"mode": "extend", "rids": ["b"], "prefix_tokens": 100, "extend_tokens": 10, "sched_s": 0.0, "step_s": 0.5},
-        {"mode": "decode", "rids": ["a", "b", "c"], "prefix_tokens": 0, "extend_tokens": 0, "sched_s": 0.0, "step_s": 0.25},
-        {"mode": "decode", "rids": ["a", "b"], "prefix_tokens": 100, "extend_tokens": 0, "sched_s": 0.0, "step_s": 0.25},
+        {"mode": "extend", "rids": ["a", "c"], "prefix_tokens": 0, "extend_tokens": 200, "sched_s": 0.01, "step_s": 0.99,
+         "attn_s": 0.3},
+        {"mode": "extend", "rids": ["b"], "prefix_tokens": 100, "extend_tokens": 10, "sched_s": 0.0, "step_s": 0.5,
+         "attn_s": 0.1},
+        {"mode": "decode", "rids": ["a", "b", "c"], "prefix_tokens": 0, "extend_tokens": 0, "sched_s": 0.0,
+         "step_s": 0.25, "attn_s": 0.05},
+        {"mode": "decode", "rids": ["a", "b"], "prefix_tokens": 100, "extend_tokens": 0, "sched_s": 0.0,
+         "step_s": 0.25, "attn_s": 0.05},
     ]
     m = compute(RunResult(ABConfig("fcfs", "torch_native"), records, 4.0, trace), workload())
     assert m["output_tok_s"] == 12 / 4 and m["total_tok_s"] == 312 / 4 and m["requests_s"] == 3 / 4
@@ -40,6 +44,8 @@ def test_metrics_from_records_and_trace():
     assert m["decode_steps"] == 2 and m["mean_decode_batch"] == 2.5
     assert m["mean_decode_prefix_tokens"] == 50 and m["mean_groups_per_decode"] == 1.5
     assert m["sched_fraction"] == pytest.approx(0.01 / 2.0)
+    assert m["extend_step_s"] == pytest.approx(1.49) and m["decode_step_s"] == pytest.approx(0.5)
+    assert m["attention_s"] == pytest.approx(0.5) and m["attention_fraction"] == pytest.approx(0.5 / 1.99)
     assert median_of([m, {**m, "output_tok_s": 1.0}, {**m, "output_tok_s": 100.0}])["output_tok_s"] == 3.0
 
 
@@ -71,6 +77,11 @@ def test_summary_compares_feather_with_the_best_baseline_and_separates_policy_fr
     assert s["policy_speedup_same_backend"] == 30 / 22 and s["policy_speedup_same_backend_vs"] == "lpm + feather"
     assert s["output_tok_s_vs_fcfs_same_backend"] == 30 / 20 and s["ttft_p99_vs_fcfs_same_backend"] == 0.5
     assert s["ttft_p99_vs_fcfs_torch_native"] == 0.25
+    assert "speedup_bound_if_attention_were_free" not in s  # no attention timing in these rows
+    timed = {**rows[-1], "makespan_s": 10.0, "output_tokens": 300, "attention_s": 4.0, "attention_fraction": 0.4}
+    s = summary(rows[:-1] + [timed], ("fcfs", "lpm", "dfs-weight"))
+    # 300 tokens in the 6 s left without attention = 50 tok/s, over lpm's 12
+    assert s["speedup_bound_if_attention_were_free"] == pytest.approx(50 / 12)
     assert summary([row("fcfs", "torch_native", 1, 1)], ("fcfs",))["speedup_vs_best_baseline"] is None
 
 
