@@ -49,7 +49,8 @@ AB_AGENT_PPO := ppo:feather_rl/agents/ppo_tiny-llama.zip
 ab: setup
 	.venv/bin/feather-ab --workload feather-8x100 --feather-agents static,$(AB_AGENT_PPO) --repeats 2 --json results/ab/feather-8x100.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload batchllm --feather-agents static,$(AB_AGENT_PPO) --json results/ab/batchllm.json $(AB_ARGS)
-	@for w in multilevel gsp no-sharing; do .venv/bin/feather-ab --workload $$w --json results/ab/$$w.json $(AB_ARGS) || exit 1; done
+	.venv/bin/feather-ab --workload no-sharing --repeats 2 --json results/ab/no-sharing.json $(AB_ARGS)
+	@for w in multilevel gsp; do .venv/bin/feather-ab --workload $$w --json results/ab/$$w.json $(AB_ARGS) || exit 1; done
 	.venv/bin/feather-ab --workload feather-8x100 --policies feather --backends feather --feather-agents static,ucb,qlearning,$(AB_AGENT_PPO) --json results/ab/agents-feather-8x100.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload-file scripts/example_workload.jsonl --mode online --json results/ab/example-online.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload feather-8x100 --max-new-tokens 64 --json results/ab/feather-8x100-out64.json $(AB_ARGS)
