@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from feather_sglang.sglang_integration.trace import time_split
+
 if TYPE_CHECKING:
     from feather_sglang.ab.runner import RunResult
     from feather_sglang.workloads import Workload
@@ -47,7 +49,7 @@ def compute(result: "RunResult", workload: "Workload") -> dict:
     computed = sum(e["extend_tokens"] for e in steps if e["mode"] == "extend")
     sched = sum(e["sched_s"] for e in steps)
     step = sum(e["step_s"] for e in steps)
-    attn = sum(e.get("attn_s", 0.0) for e in steps)
+    extend_s, decode_s, attn = time_split(steps)
     span = result.makespan_s
     return {
         "requests": len(recs),
@@ -74,8 +76,8 @@ def compute(result: "RunResult", workload: "Workload") -> dict:
         "sched_fraction": sched / (sched + step) if sched + step > 0 else float("nan"),
         # where the steps' time went: prefill (extend) and decode steps, and the attention
         # backend's share of both (the rest is the model's matmuls and the runtime around them)
-        "extend_step_s": sum(e["step_s"] for e in steps if e["mode"] == "extend"),
-        "decode_step_s": sum(e["step_s"] for e in decode),
+        "extend_step_s": extend_s,
+        "decode_step_s": decode_s,
         "attention_s": attn,
         "attention_fraction": attn / step if step > 0 else float("nan"),
     }

@@ -12,9 +12,10 @@ from pathlib import Path
 def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: int = 32,
                           prefix_repeat: int = 40, max_new_tokens: int = 32, policy: str = "fcfs",
                           dtype: str = "float32") -> dict:
-    """Total time of ``requests`` greedy requests sharing one ~740-token system prompt (cold
-    server: the first request computes the prefix), per backend; outputs must agree."""
-    from feather_sglang.sglang_integration.trace import ENV, read_trace
+    """Total time of ``requests`` greedy requests sharing one ~740-token system prompt (a fresh,
+    warmed-up server: the first request computes the prefix), per backend, split by the batch
+    trace into extend, decode and attention time; outputs must agree."""
+    from feather_sglang.sglang_integration.trace import ENV, read_trace, time_split
     from feather_sglang.tools.server import SGLangServer
     from feather_sglang.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
 
@@ -32,10 +33,11 @@ def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: 
                 start = time.monotonic()
                 outputs[backend] = generate_all(server.url, prompts, max_new_tokens)
                 times[backend].append(time.monotonic() - start)
-            parts[backend].append(_split(read_trace(trace_path), start))
-            p = parts[backend][-1]
-            print(f"  round {r + 1}: {backend}: {times[backend][-1]:.1f} s (steps: extend {p['extend_s']:.1f} s, "
-                  f"decode {p['decode_s']:.1f} s; attention {p['attention_s']:.1f} s of them)", flush=True)
+            # NOTE: the trace's "t" is time.monotonic() in the server, the same clock as ours
+            extend_s, decode_s, attention_s = time_split([e for e in read_trace(trace_path) if e["t"] >= start])
+            parts[backend].append({"extend_s": extend_s, "decode_s": decode_s, "attention_s": attention_s})
+            print(f"  round {r + 1}: {backend}: {times[backend][-1]:.1f} s (steps: extend {extend_s:.1f} s, "
+                  f"decode {decode_s:.1f} s; attention {attention_s:.1f} s of them)", flush=True)
     med = {b: statistics.median(t) for b, t in times.items()}
     split = {b: {k: round(statistics.median(p[k] for p in ps), 3) for k in ps[0]} for b, ps in parts.items()}
     # What feather's backend could still gain: its total with every second of attention removed.
@@ -49,13 +51,3 @@ def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: 
         "greedy_problems": compare_greedy(outputs["feather"], outputs["torch_native"]),
     }
 
-
-def _split(trace: list[dict], start: float) -> dict:
-    """Step time of one run by kind, and the attention backend's part of it (batch trace)."""
-    # NOTE: the trace's "t" is time.monotonic() in the server, the same clock as ours
-    steps = [e for e in trace if e["t"] >= start]
-    return {
-        "extend_s": sum(e["step_s"] for e in steps if e["mode"] == "extend"),
-        "decode_s": sum(e["step_s"] for e in steps if e["mode"] == "decode"),
-        "attention_s": sum(e.get("attn_s", 0.0) for e in steps),
-    }

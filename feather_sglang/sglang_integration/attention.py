@@ -27,6 +27,8 @@ from feather_kernels.prefix_shared_extend_cpu import find_extend_groups, prefix_
 
 logger = logging.getLogger(__name__)
 BACKEND_NAME = "feather"
+
+
 class FeatherAttnBackend(TorchNativeAttnBackend):
     def __init__(self, model_runner) -> None:
         super().__init__(model_runner)
@@ -71,7 +73,6 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         run_decode(plan, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale)
         return output
-
 
     def _run_sdpa_forward_extend(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices,
                                  seq_lens, extend_prefix_lens, extend_seq_lens, encoder_lens=None, scaling=None,

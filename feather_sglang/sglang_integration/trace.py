@@ -77,33 +77,43 @@ _tracer: BatchTracer | None = None
 
 def tracer() -> BatchTracer | None:
     global _tracer
-    path = os.environ.get(ENV)
-    if path and _tracer is None:
-        _tracer = BatchTracer(path)
+    if _tracer is None:
+        path = os.environ.get(ENV)
+        if path:
+            _tracer = BatchTracer(path)
     return _tracer
 
 
-def get_next_batch_to_run_around(original, scheduler, *args, **kwargs):
-    started = time.perf_counter()
-    result = original(scheduler, *args, **kwargs)
-    t = tracer()
-    if t is not None:
-        # NOTE: passes that chose nothing (idle, or waiting on memory) add to the next step's
-        # scheduling time, so that sched_s sums to all the time spent choosing batches.
-        t.sched_s += time.perf_counter() - started
-    return result
+def _adds_elapsed_to(field: str, doc: str):
+    """An AROUND hook that adds the wrapped call's wall time to the tracer's ``field``."""
+
+    def around(original, obj, *args, **kwargs):
+        started = time.perf_counter()
+        result = original(obj, *args, **kwargs)
+        t = tracer()
+        if t is not None:
+            setattr(t, field, getattr(t, field) + time.perf_counter() - started)
+        return result
+
+    around.__doc__ = doc
+    return around
 
 
-def attention_forward_around(original, backend, *args, **kwargs):
-    """Around ``TorchNativeAttnBackend.forward_decode``/``forward_extend`` (one layer's call)."""
-    started = time.perf_counter()
-    result = original(backend, *args, **kwargs)
-    t = tracer()
-    if t is not None:
-        # NOTE: wall time is the compute time only where the backend runs synchronously (CPU);
-        # on a GPU this would time kernel launches.
-        t.attn_s += time.perf_counter() - started
-    return result
+# NOTE: passes that chose nothing (idle, or waiting on memory) add to the next step's
+# scheduling time, so that sched_s sums to all the time spent choosing batches.
+get_next_batch_to_run_around = _adds_elapsed_to("sched_s", "Around ``Scheduler.get_next_batch_to_run``.")
+# NOTE: wall time is the compute time only where the backend runs synchronously (CPU); on a
+# GPU this would time kernel launches.
+attention_forward_around = _adds_elapsed_to(
+    "attn_s", "Around ``TorchNativeAttnBackend.forward_decode``/``forward_extend`` (one layer's call)."
+)
+
+
+def time_split(steps: list[dict]) -> tuple[float, float, float]:
+    """(extend steps' time, decode steps' time, attention time within both) of trace entries."""
+    extend = sum(e["step_s"] for e in steps if e["mode"] == "extend")
+    decode = sum(e["step_s"] for e in steps if e["mode"] == "decode")
+    return extend, decode, sum(e.get("attn_s", 0.0) for e in steps)
 
 
 def read_trace(path) -> list[dict]:
