@@ -1,9 +1,10 @@
 """Workloads for the environment: built-in names (with optional parameters) and JSONL files.
 
-A spec is ``NAME`` (``gsp``, ``feather-8x100``, ``batchllm``, ``multilevel``, ``no-sharing``),
-``NAME:key=value,key=value`` (generator parameters, e.g. ``gsp:groups=8,prompts_per_group=4``),
-or ``file:PATH`` (a workload file in the A/B tool's JSON Lines format). Built-ins are rebuilt per
-seed (other text, other shuffle); a file is the same every episode.
+A spec is ``NAME`` (``gsp``, ``feather-8x100``, ``feather-8x50``, ``batchllm``, ``multilevel``,
+``no-sharing``), ``NAME:key=value,key=value`` (generator parameters, e.g.
+``gsp:groups=8,prompts_per_group=4``), or ``file:PATH`` (a workload file in the A/B tool's JSON
+Lines format). Built-ins are rebuilt per seed (other text, other shuffle); a file is the same
+every episode.
 """
 
 from __future__ import annotations

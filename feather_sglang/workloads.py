@@ -18,6 +18,10 @@ gsp             4 groups x 8 prompts, prefix 512, question   sglang bench_servin
 feather-8x100   8 groups x 8 requests, prefix 400,           Feather: 800 requests in 8 prefix
                 question 24, output 16, shuffled             groups (8 x 100): 1/12.5 of the
                                                              requests, long-context prompts cut
+feather-8x50    8 groups x 50 requests, otherwise as         Feather's 8 x 100 at half the
+                feather-8x100 (400 requests: more than       requests: lpm's 128-request
+                lpm's 128 wait for 272 admissions)           cut-off and groups larger than
+                                                             the batch, as in the paper
 batchllm        4 prefixes x share 8, prefix 1000,           BatchLLM: prefix 2000, share 16,
                 distinct 100, output 16, shuffled            distinct 200 (all halved)
 multilevel      system 128 -> 2 few-shot blocks of 192 ->    (no paper figure) RAG / few-shot
@@ -166,6 +170,15 @@ def feather_8x100(tokenizer, seed: int = 0) -> Workload:
                    description="Feather's 8 prefix groups, scaled from 8 x 100 to 8 x 8 requests")
 
 
+def feather_8x50(tokenizer, seed: int = 0) -> Workload:
+    """feather-8x100's groups and lengths at half the paper's request count (8 x 50 = 400):
+    the queue stays above lpm's 128-request cut-off (where SGLang's lpm turns into FCFS) for
+    the first 272 admissions, and every group outnumbers the batch limit, as in the paper."""
+    w = gsp(tokenizer, seed, groups=8, prompts_per_group=50, prefix_len=400, question_len=24, output_len=16)
+    return replace(w, name="feather-8x50",
+                   description="Feather's 8 prefix groups at half the paper's count: 8 x 50 requests")
+
+
 def batchllm(tokenizer, seed: int = 0) -> Workload:
     w = gsp(tokenizer, seed, groups=4, prompts_per_group=8, prefix_len=1000, question_len=100, output_len=16)
     return replace(w, name="batchllm",
@@ -201,6 +214,7 @@ def no_sharing(tokenizer, seed: int = 0, *, requests: int = 32, prompt_len: int 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "gsp": gsp,
     "feather-8x100": feather_8x100,
+    "feather-8x50": feather_8x50,
     "batchllm": batchllm,
     "multilevel": multilevel,
     "no-sharing": no_sharing,
