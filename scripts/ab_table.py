@@ -9,6 +9,10 @@ from __future__ import annotations
 import json
 import sys
 
+from feather_sglang.ab.runner import Common
+
+DEFAULT_KV_POOL = Common.max_total_tokens  # feather-ab's --max-total-tokens default
+
 
 def fmt(x, spec="{:.2f}"):
     return "n/a" if x is None else spec.format(x)
@@ -27,8 +31,10 @@ def main(paths: list[str]) -> None:
         top = rows.get(s.get("best_feather"))
         fcfs = rows.get(f"fcfs + {top['attention_backend']}") if top else None
         w = r["workload"]
+        kv = r.get("common", {}).get("max_total_tokens")
+        pool = f", KV pool {kv} tok" if kv and kv != DEFAULT_KV_POOL else ""
         print(
-            f"| {w['name']} ({w['requests']} req, {w['prompt_tokens']} prompt tok, {w['output_tokens']} out tok) "
+            f"| {w['name']} ({w['requests']} req, {w['prompt_tokens']} prompt tok, {w['output_tokens']} out tok{pool}) "
             f"| {s.get('best_baseline')}: {fmt(base and base['output_tok_s'], '{:.1f}')} tok/s "
             f"| {s.get('best_feather')}: {fmt(top and top['output_tok_s'], '{:.1f}')} tok/s "
             f"| **{fmt(s.get('speedup_vs_best_baseline'))}x** "

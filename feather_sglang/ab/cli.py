@@ -55,8 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--feather-agents", default="static", help="comma-separated agents to run feather with")
     p.add_argument("--model", default=str(DEFAULT_MODEL))
     p.add_argument("--dtype", default="float32", help="float32 (default) keeps greedy outputs comparable bit for bit")
-    p.add_argument("--max-total-tokens", type=int, default=65536, help="KV pool size, the same for every configuration")
-    p.add_argument("--max-running-requests", type=int, default=16)
+    p.add_argument("--max-total-tokens", type=int, default=Common.max_total_tokens,
+                   help="KV pool size, the same for every configuration")
+    p.add_argument("--max-running-requests", type=int, default=Common.max_running_requests)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1, help="runs per configuration (medians reported)")
     p.add_argument("--threads", type=int, help="torch/OpenMP threads of each SGLang run (default: torch's own "
@@ -128,6 +129,12 @@ def load(args):
         workload = workload.with_max_new_tokens(args.max_new_tokens)
     if args.request_rate is not None:
         workload = workload.with_poisson_arrivals(args.request_rate, args.seed)
+    longest = max(workload.requests, key=lambda r: len(r.input_ids) + r.max_new_tokens)
+    need = len(longest.input_ids) + longest.max_new_tokens
+    if need > args.max_total_tokens:  # SGLang would reject it mid-run, after other configurations ran
+        raise WorkloadError(f"--max-total-tokens {args.max_total_tokens} cannot hold request {longest.rid!r} "
+                            f"({len(longest.input_ids)} prompt + {longest.max_new_tokens} output tokens); "
+                            f"use at least {need}")
     if args.mode == "offline" and any(r.arrival_s for r in workload.requests):
         print("feather-ab: offline mode sends every request at once; the arrival times are used with --mode online")
     return workload

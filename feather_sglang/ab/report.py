@@ -91,6 +91,11 @@ def table(rows: list[dict]) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, body)])
 
 
+def _bar_label(v: float) -> str:
+    """Two significant digits, never an exponent (165.3 -> "165", 7.2 -> "7.2")."""
+    return f"{v:.0f}" if abs(v) >= 10 else f"{v:.2g}"
+
+
 def chart(result: dict, path: Path) -> None:
     """Three panels a person reads at a glance: output throughput, TTFT p99, batch homogeneity."""
     import matplotlib
@@ -109,7 +114,7 @@ def chart(result: dict, path: Path) -> None:
         bars = ax.bar(range(len(rows)), vals, color=colours)
         ax.set_xticks(range(len(rows)), names, fontsize=7, rotation=40, ha="right", rotation_mode="anchor")
         ax.set_title(title, fontsize=9)
-        ax.bar_label(bars, fmt="%.2g", fontsize=7)
+        ax.bar_label(bars, fmt=_bar_label, fontsize=7)
     w, m = result["workload"], result["machine"]
     s = result["summary"]
     head = f"feather-ab: {w['name']} ({w['requests']} requests, {w['prompt_tokens']} prompt tokens), " \

@@ -107,6 +107,8 @@ def test_table_has_a_row_per_configuration():
         (["--workload", "gsp", "--model", "/nowhere"], "--model: no model at /nowhere"),
         (["--workload", "bogus"], "argument --workload: invalid choice: 'bogus'"),
         (["--workload", "gsp", "--gsp-groups", "0"], "groups must be a positive integer, got 0"),
+        (["--workload", "gsp", "--max-total-tokens", "500"],
+         "--max-total-tokens 500 cannot hold request 'g0-q3' (544 prompt + 16 output tokens); use at least 560"),
     ],
 )
 def test_bad_options_exit_2_saying_what_is_allowed(argv, message, tmp_path, capsys):
