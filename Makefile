@@ -54,6 +54,10 @@ ab: setup
 	.venv/bin/feather-ab --workload feather-8x100 --policies feather --backends feather --feather-agents static,ucb,qlearning,$(AB_AGENT_PPO) --json results/ab/agents-feather-8x100.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload-file scripts/example_workload.jsonl --mode online --json results/ab/example-online.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload feather-8x100 --max-new-tokens 64 --json results/ab/feather-8x100-out64.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload feather-8x50 --repeats 2 --json results/ab/feather-8x50.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload batchllm --max-total-tokens 4096 --json results/ab/batchllm-kv4096.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload feather-8x100 --max-total-tokens 2048 --json results/ab/feather-8x100-kv2048.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload feather-8x50 --max-total-tokens 2048 --json results/ab/feather-8x50-kv2048.json $(AB_ARGS)
 
 ab-quick: setup
 	.venv/bin/feather-ab --workload-file scripts/example_workload.jsonl --policies fcfs,lpm,feather --json results/ab/example-offline.json $(AB_ARGS)
