@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from feather_rl.executors.batch import BatchKey, Measurement
+from feather_sglang.tools.engine import shutdown_engine
 
 # NOTE: 64 running requests and 64K KV tokens cover every batch the environment forms from the
 # built-in workloads (at most 64 requests of <= 1100 tokens, most of them shared).
@@ -105,7 +106,7 @@ class RealExecutor:
 
     def close(self) -> None:
         if self._engine is not None:
-            self._engine.shutdown()
+            shutdown_engine(self._engine)
             self._engine = None
 
     def __enter__(self) -> "RealExecutor":

@@ -22,6 +22,7 @@ def main(spec_path: str) -> None:
 
     from feather_sglang.ab.client import drive, engine_stream_fn
     from feather_sglang.ab.runner import warmup_ids
+    from feather_sglang.tools.engine import shutdown_engine
     from feather_sglang.workloads import load_tokenizer, load_workload_file
 
     kwargs = spec["engine_kwargs"]
@@ -36,7 +37,7 @@ def main(spec_path: str) -> None:
         records, makespan = engine.loop.run_until_complete(
             drive(workload, engine_stream_fn(engine), spec["desc"], progress))
     finally:
-        engine.shutdown()
+        shutdown_engine(engine)
     with open(spec["out"], "w") as f:
         json.dump({"records": [r.to_json() for r in records], "makespan_s": makespan, "start_monotonic": start}, f)
 

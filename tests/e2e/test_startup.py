@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import pytest
 import requests
 
 from feather_sglang.config import FeatherConfigError
+from feather_sglang.tools.engine import shutdown_engine
 from feather_sglang.tools.server import SGLangServer
 
 pytestmark = pytest.mark.e2e
@@ -94,10 +94,7 @@ def test_engine_runs_feather_with_options(tiny_model, capfd):
         outs = engine.generate(["The same prefix, then A", "The same prefix, then B"], {"max_new_tokens": 4, "temperature": 0})
         assert len(outs) == 2 and all(o["text"] for o in outs)
     finally:
-        engine.shutdown()
-        # NOTE: sglang registers shutdown() with atexit; run again after pytest has closed its
-        # capture streams, it logs "Logging error ... kill_process_tree" (noise, exit status 0).
-        atexit.unregister(engine.shutdown)
+        shutdown_engine(engine)
     assert "feather schedule policy: {'chunk_size': 32" in capfd.readouterr().err
 
 
