@@ -164,19 +164,23 @@ def gsp(tokenizer, seed: int = 0, *, groups: int = 4, prompts_per_group: int = 8
     return Workload("gsp", tuple(reqs), "generated shared prefix (sglang bench_serving shape)", params)
 
 
+def _feather_groups(tokenizer, seed: int, per_group: int, name: str, description: str) -> Workload:
+    """Feather's 8 prefix groups with this project's lengths (prefix 400, question 24, output 16)."""
+    w = gsp(tokenizer, seed, groups=8, prompts_per_group=per_group, prefix_len=400, question_len=24, output_len=16)
+    return replace(w, name=name, description=description)
+
+
 def feather_8x100(tokenizer, seed: int = 0) -> Workload:
-    w = gsp(tokenizer, seed, groups=8, prompts_per_group=8, prefix_len=400, question_len=24, output_len=16)
-    return replace(w, name="feather-8x100",
-                   description="Feather's 8 prefix groups, scaled from 8 x 100 to 8 x 8 requests")
+    return _feather_groups(tokenizer, seed, 8, "feather-8x100",
+                           "Feather's 8 prefix groups, scaled from 8 x 100 to 8 x 8 requests")
 
 
 def feather_8x50(tokenizer, seed: int = 0) -> Workload:
     """feather-8x100's groups and lengths at half the paper's request count (8 x 50 = 400):
     the queue stays above lpm's 128-request cut-off (where SGLang's lpm turns into FCFS) for
     the first 272 admissions, and every group outnumbers the batch limit, as in the paper."""
-    w = gsp(tokenizer, seed, groups=8, prompts_per_group=50, prefix_len=400, question_len=24, output_len=16)
-    return replace(w, name="feather-8x50",
-                   description="Feather's 8 prefix groups at half the paper's count: 8 x 50 requests")
+    return _feather_groups(tokenizer, seed, 50, "feather-8x50",
+                           "Feather's 8 prefix groups at half the paper's count: 8 x 50 requests")
 
 
 def batchllm(tokenizer, seed: int = 0) -> Workload:

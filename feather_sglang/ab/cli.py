@@ -129,8 +129,11 @@ def load(args):
         workload = workload.with_max_new_tokens(args.max_new_tokens)
     if args.request_rate is not None:
         workload = workload.with_poisson_arrivals(args.request_rate, args.seed)
-    longest = max(workload.requests, key=lambda r: len(r.input_ids) + r.max_new_tokens)
-    need = len(longest.input_ids) + longest.max_new_tokens
+    def kv_tokens(r):
+        return len(r.input_ids) + r.max_new_tokens
+
+    longest = max(workload.requests, key=kv_tokens)
+    need = kv_tokens(longest)
     if need > args.max_total_tokens:  # SGLang would reject it mid-run, after other configurations ran
         raise WorkloadError(f"--max-total-tokens {args.max_total_tokens} cannot hold request {longest.rid!r} "
                             f"({len(longest.input_ids)} prompt + {longest.max_new_tokens} output tokens); "
