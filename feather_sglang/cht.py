@@ -253,6 +253,15 @@ class ChunkedHashTree:
         node = self._deepest_shared_while_waiting(rid)
         return node.end if not node.running else 0
 
+    def waiting_group(self, rid: Hashable) -> set[Hashable]:
+        """Ids of the waiting requests through the deepest node of waiting ``rid``'s path that
+        another waiting request shares (``rid``'s prefix group), or ``{rid}`` if it shares
+        none. O(nodes on its path + group size)."""
+        node = self._deepest_shared_while_waiting(rid)
+        if node.parent is None:  # the root: nothing shared
+            return {rid}
+        return {request.rid for request in node.waiting}
+
     def _deepest_shared_while_waiting(self, rid: Hashable) -> _Node:
         """The deepest node of waiting ``rid``'s path that another waiting request runs
         through too (the root if none)."""

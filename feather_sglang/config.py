@@ -119,8 +119,9 @@ class FeatherConfig:
     )
     max_wait_s: float = _opt(
         60.0, _positive_seconds,
-        "Starvation bound: a request waiting longer than this many seconds is admitted "
-        "regardless of its prefix (> 0; 'inf' disables).",
+        "Starvation bound: the oldest request, once it has waited longer than this many "
+        "seconds, is admitted first whatever its prefix and the batch is filled around it "
+        "(> 0; 'inf' disables).",
     )
     prefix_leader: bool = _opt(
         True, _boolean,

@@ -3,9 +3,15 @@
 The planner keeps the chunked hash tree in step with the scheduler's queue and batch and,
 each pass, decides which waiting requests to admit and in what order:
 
-1. requests that waited longer than ``max_wait_s`` (the starvation bound), oldest first,
-   admitted regardless of their prefix;
-2. then, repeatedly, the CHT's best candidate (fewest chunks missing from the running
+1. the starvation bound: once the oldest waiting request has waited longer than
+   ``max_wait_s``, the starved requests of its prefix group (the waiting requests that share
+   its longest prefix shared with any other, oldest first) are admitted first, whatever the
+   running batch holds. The group stays first across passes until every one of those has
+   been admitted; then the next oldest starved request's group. So a backlog that has
+   waited too long is served group by group in the order of each group's oldest request,
+   never oldest-first across groups (that is FCFS, which mixes every group in every batch
+   and, in a KV pool too small to hold every group's prefix, recomputes them);
+2. then, repeatedly,2. then, repeatedly, the CHT's best candidate (fewest chunks missing from the running
    batch), asking the stop/add agent ADD or STOP; each ADD joins the CHT's working set, so
    the next candidate is judged against the batch as it will run;
 3. a *prefix leader*: when the pick's prefix is shared with other waiting requests but not
@@ -19,6 +25,7 @@ after all (token budget, memory) are put back by :meth:`AdmissionPlanner.end_pas
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
@@ -32,7 +39,7 @@ class Plan:
     """The outcome of one pass: request ids to admit, in order, and why planning stopped."""
 
     rids: list[Hashable] = field(default_factory=list)
-    starved: int = 0  # how many of ``rids`` were admitted by the starvation bound
+    starved: int = 0  # how many of ``rids`` (the first ones) the starvation bound admitted
     stop_reason: str = "empty"  # empty | agent | limit | budget | prefix-leader
 
 
@@ -65,6 +72,8 @@ class AdmissionPlanner:
         self._pending: list[Hashable] = []  # planned, admission not yet confirmed
         self._admit_states: list[tuple[Hashable, AgentState]] = []  # agent-admitted in the plan
         self._agent_checkpoint: object = None
+        # The starved group being served (request ids, oldest first); see the module docstring.
+        self._drain: deque[Hashable] = deque()
         self.stats = PlannerStats()
 
     # ---- keeping in step with the scheduler ------------------------------------------------
@@ -157,23 +166,34 @@ class AdmissionPlanner:
         self._agent_checkpoint = agent.checkpoint()
         self._admit_states: list[tuple[Hashable, AgentState]] = []
 
-        now = self.clock()
         planned_tokens = 0  # estimated new prefill tokens of the picks so far
-        for rid, since in self._waiting_since.items():
-            if len(plan.rids) >= max_new or now - since <= config.max_wait_s:
+        leader_check = cached_prefix_tokens is not None and config.prefix_leader
+        while len(plan.rids) < max_new and (token_budget is None or planned_tokens < token_budget):
+            group = self._starved_group()
+            if not group:
                 break
-            if cht.state(rid) is RequestState.WAITING:
-                planned_tokens += cht.deficit(rid) * config.chunk_size
-                cht.admit(rid)
-                plan.rids.append(rid)
-        plan.starved = len(plan.rids)
+            # A group whose shared prefix is not cached yet: its oldest computes it alone first.
+            lead = group[0]
+            leader = leader_check and cht.deficit(lead) > 0 and self._needs_leader(lead, cached_prefix_tokens)
+            for rid in group:
+                if len(plan.rids) >= max_new or (token_budget is not None and planned_tokens >= token_budget):
+                    break
+                if rid in cht and cht.state(rid) is RequestState.WAITING:  # not gone meanwhile
+                    planned_tokens += cht.deficit(rid) * config.chunk_size
+                    cht.admit(rid)
+                    plan.rids.append(rid)
+                    if leader:
+                        break
+            plan.starved = len(plan.rids)
+            if leader:
+                plan.stop_reason = "prefix-leader"
+                return self._finish_plan(plan, start)
 
         # NOTE: the per-pick loop is the hot path of a pass (up to max_new iterations): the
         # bound methods and constants are looked up once.
         rids, admit_states = plan.rids, self._admit_states
         best_view, admit, decide, on_admit = cht.best_view, cht.admit, agent.decide, agent.on_admit
         chunk_size = config.chunk_size
-        leader_check = cached_prefix_tokens is not None and config.prefix_leader
         headroom = 1.0 if kv_free_tokens is None or not kv_capacity_tokens else None
         while True:
             if len(rids) >= max_new:
@@ -208,7 +228,9 @@ class AdmissionPlanner:
             if leader:
                 plan.stop_reason = "prefix-leader"
                 break
+        return self._finish_plan(plan, start)
 
+    def _finish_plan(self, plan: Plan, start: float) -> Plan:
         self._pending = list(plan.rids)
         stats = self.stats
         stats.passes += 1
@@ -217,6 +239,32 @@ class AdmissionPlanner:
         stats.stops[plan.stop_reason] = stats.stops.get(plan.stop_reason, 0) + 1
         stats.plan_seconds += time.perf_counter() - start
         return plan
+
+    def _starved_group(self) -> deque[Hashable]:
+        """The starved group to serve now (see the module docstring): what is left waiting of
+        the current one, else the oldest starved request's group, else empty.
+
+        The group's ids are kept until each has been admitted or has left, so a group is
+        finished across passes before the next starved group starts; ``_waiting_since`` is in
+        (re-)enqueue order, so finding the oldest is O(1) but for planned entries.
+        """
+        drain, cht = self._drain, self.cht
+        while drain and (drain[0] not in cht or cht.state(drain[0]) is not RequestState.WAITING):
+            drain.popleft()
+        if drain:
+            return drain
+        deadline = self.clock() - self.config.max_wait_s
+        oldest = next((rid for rid in self._waiting_since if cht.state(rid) is RequestState.WAITING), None)
+        if oldest is None or self._waiting_since[oldest] >= deadline:
+            return drain
+        group = cht.waiting_group(oldest)
+        # The group's starved members, oldest first: the front of _waiting_since.
+        for rid, since in self._waiting_since.items():
+            if since >= deadline:
+                break
+            if rid in group and cht.state(rid) is RequestState.WAITING:
+                drain.append(rid)
+        return drain
 
     def _needs_leader(self, rid, cached_prefix_tokens) -> bool:
         """True if ``rid`` shares leading chunks with other waiting requests that are not

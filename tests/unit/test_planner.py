@@ -81,6 +81,55 @@ def test_starvation_bound_admits_the_old_request_first(clock):
     assert plan.rids == ["g1-0"] and plan.starved == 1
 
 
+def test_a_starved_backlog_is_admitted_group_by_group_not_oldest_first(clock):
+    p = planner_with(clock, max_wait_s=10)
+    arrive(p, ["g0-0", "g1-0", "g0-1", "g1-1", "g0-2", "g1-2"])
+    clock.now = 100  # every request has waited 100 s > 10 s
+    plan = p.plan(max_new=2)
+    # The oldest request's group first; oldest first across groups would be g0-0, g1-0.
+    assert plan.rids == ["g0-0", "g0-1"] and plan.starved == 2
+    p.end_pass(plan.rids)
+    plan = p.plan(max_new=2)
+    # g0 is finished before the next group starts, although g1-0 is older than g0-2.
+    assert plan.rids == ["g0-2", "g1-0"] and plan.starved == 2
+    p.end_pass(plan.rids)
+    assert p.plan(max_new=5).rids == ["g1-1", "g1-2"]
+
+
+def test_the_starvation_bound_serves_only_requests_that_waited_too_long(clock):
+    p = planner_with(clock, max_wait_s=10)
+    arrive(p, ["g0-0", "g1-0"])
+    clock.now = 5
+    arrive(p, ["g1-1"])
+    clock.now = 12  # g0-0 and g1-0 waited 12 s, g1-1 7 s
+    plan = p.plan(max_new=1)
+    assert plan.rids == ["g0-0"] and plan.starved == 1
+    p.end_pass(plan.rids)
+    plan = p.plan(max_new=5)
+    assert plan.rids[0] == "g1-0" and plan.starved == 1  # g1-1 came in by the CHT, not the bound
+    assert "g1-1" in plan.rids
+
+
+def test_a_starved_group_with_an_uncached_prefix_computes_it_once_first(clock):
+    p = planner_with(clock, max_wait_s=10)
+    arrive(p, ["g0-0", "g0-1", "g0-2"])
+    clock.now = 100
+    plan = p.plan(max_new=3, cached_prefix_tokens=lambda rid: 0)
+    assert plan.rids == ["g0-0"] and plan.starved == 1 and plan.stop_reason == "prefix-leader"
+    p.end_pass(plan.rids)
+    plan = p.plan(max_new=3, cached_prefix_tokens=lambda rid: 10 * CHUNK)
+    assert plan.rids == ["g0-1", "g0-2"] and plan.starved == 2
+
+
+def test_a_starved_request_that_left_is_skipped(clock):
+    p = planner_with(clock, max_wait_s=10)
+    arrive(p, ["g0-0", "g0-1", "g0-2"])
+    clock.now = 100
+    p.end_pass(p.plan(max_new=1).rids)
+    p.forget("g0-1")  # aborted while its group was being served
+    assert p.plan(max_new=5).rids == ["g0-2"]
+
+
 def test_prefix_leader_admits_one_of_an_uncached_group(clock):
     p = planner_with(clock)
     arrive(p, ["g0-0", "g0-1", "g0-2"])
