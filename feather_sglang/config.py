@@ -119,9 +119,9 @@ class FeatherConfig:
     )
     max_wait_s: float = _opt(
         60.0, _positive_seconds,
-        "Starvation bound: the oldest request, once it has waited longer than this many "
-        "seconds, is admitted first whatever its prefix and the batch is filled around it "
-        "(> 0; 'inf' disables).",
+        "Starvation bound: once the oldest request has waited longer than this many seconds, "
+        "the requests of its prefix group that have are admitted first whatever the batch "
+        "holds, one group at a time (> 0; 'inf' disables).",
     )
     prefix_leader: bool = _opt(
         True, _boolean,
