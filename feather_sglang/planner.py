@@ -11,7 +11,7 @@ each pass, decides which waiting requests to admit and in what order:
    waited too long is served group by group in the order of each group's oldest request,
    never oldest-first across groups (that is FCFS, which mixes every group in every batch
    and, in a KV pool too small to hold every group's prefix, recomputes them);
-2. then, repeatedly,2. then, repeatedly, the CHT's best candidate (fewest chunks missing from the running
+2. then, repeatedly, the CHT's best candidate (fewest chunks missing from the running
    batch), asking the stop/add agent ADD or STOP; each ADD joins the CHT's working set, so
    the next candidate is judged against the batch as it will run;
 3. a *prefix leader*: when the pick's prefix is shared with other waiting requests but not
@@ -168,15 +168,16 @@ class AdmissionPlanner:
 
         planned_tokens = 0  # estimated new prefill tokens of the picks so far
         leader_check = cached_prefix_tokens is not None and config.prefix_leader
-        while len(plan.rids) < max_new and (token_budget is None or planned_tokens < token_budget):
-            group = self._starved_group()
-            if not group:
-                break
+
+        def room() -> bool:
+            return len(plan.rids) < max_new and (token_budget is None or planned_tokens < token_budget)
+
+        while room() and (group := self._starved_group()):
             # A group whose shared prefix is not cached yet: its oldest computes it alone first.
             lead = group[0]
             leader = leader_check and cht.deficit(lead) > 0 and self._needs_leader(lead, cached_prefix_tokens)
             for rid in group:
-                if len(plan.rids) >= max_new or (token_budget is not None and planned_tokens >= token_budget):
+                if not room():
                     break
                 if rid in cht and cht.state(rid) is RequestState.WAITING:  # not gone meanwhile
                     planned_tokens += cht.deficit(rid) * config.chunk_size
@@ -257,12 +258,12 @@ class AdmissionPlanner:
         oldest = next((rid for rid in self._waiting_since if cht.state(rid) is RequestState.WAITING), None)
         if oldest is None or self._waiting_since[oldest] >= deadline:
             return drain
-        group = cht.waiting_group(oldest)
+        group = cht.waiting_group(oldest)  # waiting requests only
         # The group's starved members, oldest first: the front of _waiting_since.
         for rid, since in self._waiting_since.items():
             if since >= deadline:
                 break
-            if rid in group and cht.state(rid) is RequestState.WAITING:
+            if rid in group:
                 drain.append(rid)
         return drain
 
