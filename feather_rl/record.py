@@ -23,7 +23,7 @@ from feather_rl.executors.replay import DEFAULT_RECORDING
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "models" / "tiny-llama"
 # Prompt shapes (shared prefix, distinct suffix) spanning the built-in workloads: multilevel's
-# short questions, gsp / feather-8x100 (400-512 + 24-32), batchllm (1000 + 100).
+# short questions, gsp / feather-8x50 (400-512 + 24-32), batchllm's halved shape (1000 + 100).
 DEFAULT_SHAPES = ((200, 24), (448, 32), (1000, 100))
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32)
 DEFAULT_GROUPS = (1, 2, 4, 8, 0)  # 0: every request its own prefix (nothing shared)

@@ -17,15 +17,21 @@ from feather_sglang.workloads import WORKLOADS, Workload, WorkloadError, build_w
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TOKENIZER = REPO / "models" / "tiny-llama"  # SmolLM2's tokenizer
-# Training mixes the three A/B shapes and a few gsp variants; batchllm, multilevel (and any
-# workload file) are held out for evaluation.
+# feather-8x100's shape until stop 13 (prompts cut to 400 tokens), the one the shipped agents were
+# trained on; the A/B tool's feather-8x100 now has 2,000-token prompts, outside the replay data.
+FEATHER_8X8_P400 = "gsp:groups=8,prompts_per_group=8,prefix_len=400,question_len=24,output_len=16"
+# Training mixes the three A/B shapes and a few gsp variants; batchllm's shape, multilevel (and
+# any workload file) are held out for evaluation.
 TRAIN_WORKLOADS = (
-    "gsp", "feather-8x100", "no-sharing",
+    "gsp", FEATHER_8X8_P400, "no-sharing",
     "gsp:groups=2,prompts_per_group=16,prefix_len=256",
     "gsp:groups=8,prompts_per_group=4,prefix_len=800,question_len=64",
     "gsp:groups=16,prompts_per_group=2,prefix_len=300",
 )
-HELDOUT_WORKLOADS = ("batchllm", "multilevel")
+# The held-out batchllm shape is the one the shipped agents were evaluated on: BatchLLM's sizes
+# halved (the A/B tool's ``batchllm`` is now the unhalved one, 4x the prefill work per episode).
+BATCHLLM_HALF = "gsp:groups=4,prompts_per_group=8,prefix_len=1000,question_len=100,output_len=16"
+HELDOUT_WORKLOADS = (BATCHLLM_HALF, "multilevel")
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:

@@ -15,15 +15,19 @@ name            here                                         scaled from
 gsp             4 groups x 8 prompts, prefix 512, question   sglang bench_serving
                 32, output 16, shuffled (all ``--gsp-*``     generated-shared-prefix (64 x 16,
                 settable)                                    2048 / 128 / 256)
-feather-8x100   8 groups x 8 requests, prefix 400,           Feather: 800 requests in 8 prefix
-                question 24, output 16, shuffled             groups (8 x 100): 1/12.5 of the
-                                                             requests, long-context prompts cut
-feather-8x50    8 groups x 50 requests, otherwise as         Feather's 8 x 100 at half the
-                feather-8x100 (400 requests: more than       requests: lpm's 128-request
-                lpm's 128 wait for 272 admissions)           cut-off and groups larger than
-                                                             the batch, as in the paper
-batchllm        4 prefixes x share 8, prefix 1000,           BatchLLM: prefix 2000, share 16,
-                distinct 100, output 16, shuffled            distinct 200 (all halved)
+feather-8x100   8 groups x 8 requests, prefix 2000,          Feather: 800 requests in 8 prefix
+                question 24, output 16, shuffled             groups (8 x 100) of long-context
+                                                             prompts (2.7K-210K tokens): 1/12.5
+                                                             of the requests, prompts cut to
+                                                             2,000 tokens (until stop 13: 400)
+feather-8x50    8 groups x 50 requests, prefix 400,          Feather's 8 x 100 at half the
+                question 24, output 16 (400 requests: more   requests: lpm's 128-request
+                than lpm's 128 wait for 272 admissions)      cut-off and groups larger than
+                                                             the batch, as in the paper;
+                                                             prompts cut to 400 tokens
+batchllm        4 prefixes x share 16, prefix 2000,          BatchLLM: prefix 2000, share 16,
+                distinct 200, output 16, shuffled            distinct 200 (not scaled: one
+                                                             configuration takes 1.5-4 min)
 multilevel      system 128 -> 2 few-shot blocks of 192 ->    (no paper figure) RAG / few-shot
                 3 documents of 256 each -> 5 questions of    serving with a prefix tree four
                 24, output 16 (30 requests), shuffled        levels deep
@@ -164,29 +168,38 @@ def gsp(tokenizer, seed: int = 0, *, groups: int = 4, prompts_per_group: int = 8
     return Workload("gsp", tuple(reqs), "generated shared prefix (sglang bench_serving shape)", params)
 
 
-def _feather_groups(tokenizer, seed: int, per_group: int, name: str, description: str) -> Workload:
-    """Feather's 8 prefix groups with this project's lengths (prefix 400, question 24, output 16)."""
-    w = gsp(tokenizer, seed, groups=8, prompts_per_group=per_group, prefix_len=400, question_len=24, output_len=16)
+def _feather_groups(tokenizer, seed: int, per_group: int, prefix_len: int, name: str, description: str) -> Workload:
+    """Feather's 8 prefix groups (question 24, output 16)."""
+    w = gsp(tokenizer, seed, groups=8, prompts_per_group=per_group, prefix_len=prefix_len, question_len=24, output_len=16)
     return replace(w, name=name, description=description)
 
 
 def feather_8x100(tokenizer, seed: int = 0) -> Workload:
-    return _feather_groups(tokenizer, seed, 8, "feather-8x100",
-                           "Feather's 8 prefix groups, scaled from 8 x 100 to 8 x 8 requests")
+    """Feather's 8 groups at 1/12.5 of the requests (8 x 8), prompts cut to 2,000 tokens: about
+    the longest that keeps one configuration within a few minutes here (the paper's are 2.7K
+    tokens and up). Until stop 13 the prompts were cut to 400 tokens; that shape is
+    ``gsp(groups=8, prompts_per_group=8, prefix_len=400, question_len=24, output_len=16)``."""
+    return _feather_groups(tokenizer, seed, 8, 2000, "feather-8x100",
+                           "Feather's 8 prefix groups, scaled from 8 x 100 to 8 x 8 requests, prefix 2000")
 
 
 def feather_8x50(tokenizer, seed: int = 0) -> Workload:
-    """feather-8x100's groups and lengths at half the paper's request count (8 x 50 = 400):
-    the queue stays above lpm's 128-request cut-off (where SGLang's lpm turns into FCFS) for
-    the first 272 admissions, and every group outnumbers the batch limit, as in the paper."""
-    return _feather_groups(tokenizer, seed, 50, "feather-8x50",
+    """Feather's 8 groups at half the paper's request count (8 x 50 = 400), prompts cut to 400
+    tokens (400 requests at 2,000 would take an hour per configuration here): the queue stays
+    above lpm's 128-request cut-off (where SGLang's lpm turns into FCFS) for the first 272
+    admissions, and every group outnumbers the batch limit, as in the paper."""
+    return _feather_groups(tokenizer, seed, 50, 400, "feather-8x50",
                            "Feather's 8 prefix groups at half the paper's count: 8 x 50 requests")
 
 
 def batchllm(tokenizer, seed: int = 0) -> Workload:
-    w = gsp(tokenizer, seed, groups=4, prompts_per_group=8, prefix_len=1000, question_len=100, output_len=16)
+    """BatchLLM's shape at its own sizes: 4 prefixes of 2000 tokens, each shared by 16 requests
+    with 200 distinct tokens. (Before stop 13 every size was halved; that shape is
+    ``gsp(groups=4, prompts_per_group=8, prefix_len=1000, question_len=100, output_len=16)``,
+    token for token.)"""
+    w = gsp(tokenizer, seed, groups=4, prompts_per_group=16, prefix_len=2000, question_len=200, output_len=16)
     return replace(w, name="batchllm",
-                   description="BatchLLM's prefix 2000 / share 16 / distinct 200, halved")
+                   description="BatchLLM's prefix 2000 / share 16 / distinct 200, 4 prefixes")
 
 
 def multilevel(tokenizer, seed: int = 0, *, system_len: int = 128, fewshot_blocks: int = 2, fewshot_len: int = 192,

@@ -11,6 +11,7 @@ from gymnasium.utils.env_checker import check_env
 
 import feather_rl
 from feather_rl.env import BatchFormationEnv
+from feather_rl.workload_specs import FEATHER_8X8_P400
 from feather_sglang.cht import ChunkedHashTree
 
 
@@ -53,7 +54,7 @@ def test_same_seed_same_episode_other_seed_other_episode():
 
 
 def test_candidates_come_from_feathers_cht_and_the_return_is_the_weighted_batch_throughput():
-    env = BatchFormationEnv(workloads=("feather-8x100",))
+    env = BatchFormationEnv(workloads=(FEATHER_8X8_P400,))  # 64 requests in 8 groups
     obs, info = env.reset(seed=0)
     assert isinstance(env._cht, ChunkedHashTree)
     total, n_requests, batches = 0.0, 64, []

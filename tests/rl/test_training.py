@@ -10,12 +10,13 @@ import gymnasium as gym
 import feather_rl
 from feather_rl import evaluate, train
 from feather_rl.episodes import make, run_episode
+from feather_rl.workload_specs import FEATHER_8X8_P400
 
-TRAIN_WORKLOADS = "gsp,feather-8x100,no-sharing"
+TRAIN_WORKLOADS = f"gsp,{FEATHER_8X8_P400},no-sharing"
 
 
 def _mean_return(agent_spec: str, seeds=range(6)) -> float:
-    env = gym.make(feather_rl.ENV_ID, workloads=tuple(TRAIN_WORKLOADS.split(","))).unwrapped
+    env = gym.make(feather_rl.ENV_ID, workloads=tuple(train.split_workloads(TRAIN_WORKLOADS))).unwrapped
     return statistics.fmean(run_episode(env, make(agent_spec, s), seed=100 + s)["mean_batch_throughput"] for s in seeds)
 
 

@@ -56,6 +56,19 @@ def test_gsp_groups_share_exactly_their_prefix(tok):
     assert [r.group for r in ordered.requests] == sorted(r.group for r in ordered.requests)
 
 
+def test_batchllm_has_the_papers_sizes(tok):
+    """BatchLLM's setup unscaled: shared prefix 2000, share degree 16, distinct 200."""
+    w = build_workload("batchllm", tok)
+    assert len(w.requests) == 64 and {r.group for r in w.requests} == {f"g{i}" for i in range(4)}
+    assert all(len(r.input_ids) == 2200 and r.max_new_tokens == 16 for r in w.requests)
+    by_group = {}
+    for r in w.requests:
+        by_group.setdefault(r.group, []).append(r.input_ids)
+    assert all(len(members) == 16 for members in by_group.values())
+    a, b = by_group["g0"][:2]
+    assert 2000 <= common_prefix(a, b) < 2200
+
+
 def test_multilevel_is_a_four_level_prefix_tree(tok):
     w = build_workload("multilevel", tok)
     p = w.params
