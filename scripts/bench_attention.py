@@ -16,8 +16,17 @@ each, SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head dim 64).
   ``plan_ms`` is that per-step cost (``find_prefix_groups`` from ``req_to_token`` plus
   ``plan_decode``), paid once for all layers.
 
-Times are medians over repeats, in ms, with ``--threads`` torch threads (default 1). Full grid: B in {4, 16, 64} x P in {512, 2048, 8192} x
-dtype in {float32, bfloat16}; ``--quick``: B in {4, 16} x P in {512, 2048}, float32 only.
+Times are medians over repeats, in ms, with ``--threads`` torch threads (default 1); the two
+sides are timed alternately, call by call, so a load change on the shared machine hits both
+(and each call finds the caches as the other left them, as a layer's attention does in a
+server, where the rest of the model runs in between). ``prefix_gemm`` is the floor under any
+exact prefix-shared step: the prefix's two matrix products alone (``Q Kᵀ`` and ``probs V``,
+contiguous, no gather, softmax or suffix); ``bound`` = torch_native / that floor.
+
+Full grid: B in {4, 16, 64} x P in {512, 2048, 8192} x dtype in {float32, bfloat16}, plus the
+two target cells (B16/P2048, B64/P8192, float32) at the shape of the measurement in
+``sglang-on-cpu.md`` the targets come from (8 query and 8 KV heads, head dim 64; rows with
+``"shape": "reference"``); ``--quick``: B in {4, 16} x P in {512, 2048}, float32 only.
 ``--extend`` adds the issue's extend case (``prefix_shared_extend`` vs torch_native's extend
 loop, which attends all ``seq_len`` query rows and keeps the new ones).
 """
@@ -50,6 +59,9 @@ from feather_kernels.synthetic import make_decode_batch, make_extend_batch  # no
 from feather_sglang.tools.machine import describe  # noqa: E402
 
 HQ, HKV, HEAD_DIM = 9, 3, 64  # SmolLM2-135M-Instruct
+# The shape of the measurement in ../shared/reference/sglang-on-cpu.md ("8 heads, head dim 64")
+# that issue 4's targets (8x at B16/P2048, 12x at B64/P8192) were set from.
+REFERENCE_SHAPE = (8, 8)
 SUFFIX = 64
 
 
@@ -117,8 +129,9 @@ def run_extend(dtypes, requests: int, prefix: int, new_tokens: int, repeats: int
                                   HQ, HKV, HEAD_DIM, dtype=dtype, seed=requests)
         groups = find_extend_groups(batch.req_to_token, batch.req_pool_indices,
                                     batch.extend_prefix_lens)
-        native = _median_ms(lambda: torch_native_extend(*batch.args), repeats)
-        feather = _median_ms(lambda: prefix_shared_extend(*batch.args, groups=groups), repeats)
+        native, feather = _paired_ms(lambda: torch_native_extend(*batch.args),
+                                     lambda: prefix_shared_extend(*batch.args, groups=groups),
+                                     repeats)
         err = (prefix_shared_extend(*batch.args, groups=groups).float()
                - torch_native_extend(*batch.args).float()).abs().max().item()
         row = {"dtype": str(dtype).removeprefix("torch."), "requests": requests,
@@ -146,38 +159,69 @@ def _median_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _paired_ms(fn_a, fn_b, repeats: int) -> tuple[float, float]:
+    """Medians (ms) of ``fn_a`` and ``fn_b`` timed alternately, so that a load change on a
+    shared machine hits both sides alike rather than one of them."""
+    fn_a(), fn_b()  # warm-up
+    a, b = [], []
+    for _ in range(repeats):
+        for fn, times in ((fn_a, a), (fn_b, b)):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(a), statistics.median(b)
+
+
 def _machine() -> dict:
     return {**describe(), "torch_threads": torch.get_num_threads()}
 
 
-def run(batches, prefixes, dtypes, repeats: int) -> list[dict]:
+def _prefix_gemm_ms(B: int, P: int, hq: int, hkv: int, repeats: int) -> float:
+    """The two matrix products any exact prefix-shared method does for one group's prefix
+    (``Q Kᵀ`` and ``probs V``, all ``B * Hq/Hkv`` queries per KV head), alone, on contiguous
+    float32 copies: a floor under the feather step (no gather, softmax, suffix or merge)."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(hkv, B * (hq // hkv), HEAD_DIM, generator=gen)
+    k = torch.randn(hkv, HEAD_DIM, P, generator=gen)
+    probs = torch.rand(hkv, B * (hq // hkv), P, generator=gen)
+    v = torch.randn(hkv, P, HEAD_DIM, generator=gen)
+    return _median_ms(lambda: (torch.bmm(q, k), torch.bmm(probs, v)), repeats)
+
+
+def run(batches, prefixes, dtypes, repeats: int, hq: int = HQ, hkv: int = HKV,
+        shape: str = "smollm2") -> list[dict]:
     rows = []
     for dtype in dtypes:
         for B in batches:
             for P in prefixes:
-                batch = make_decode_batch([B], [P], [SUFFIX] * B, HQ, HKV, HEAD_DIM,
+                batch = make_decode_batch([B], [P], [SUFFIX] * B, hq, hkv, HEAD_DIM,
                                           dtype=dtype, seed=B + P)
                 groups = [PrefixGroup(torch.tensor(m), p) for m, p in batch.groups]
                 plan = plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
                                    groups)
                 # fewer repeats where one torch_native step takes seconds
-                reps = max(3, repeats // (1 + B * P // 65536))
-                native = _median_ms(lambda: torch_native_decode(*batch.args), reps)
-                feather = _median_ms(lambda: prefix_shared_decode(*batch.args, plan=plan), reps)
+                reps = max(3, repeats // (1 + B * P * hkv // (65536 * HKV)))
+                native, feather = _paired_ms(lambda: torch_native_decode(*batch.args),
+                                             lambda: prefix_shared_decode(*batch.args, plan=plan),
+                                             reps)
                 find = _median_ms(lambda: plan_decode(
                     batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
                     find_prefix_groups(batch.req_to_token, batch.req_pool_indices,
                                        batch.seq_lens)), reps)
+                gemm = _prefix_gemm_ms(B, P, hq, hkv, max(reps, 9))
                 err = (prefix_shared_decode(*batch.args, plan=plan).float()
                        - torch_native_decode(*batch.args).float()).abs().max().item()
-                row = {"dtype": str(dtype).removeprefix("torch."), "B": B, "P": P,
-                       "suffix": SUFFIX, "torch_native_ms": round(native, 3),
-                       "feather_ms": round(feather, 3), "speedup": round(native / feather, 2),
-                       "plan_ms": round(find, 3), "max_abs_diff": err,
-                       "repeats": reps}
+                row = {"dtype": str(dtype).removeprefix("torch."), "shape": shape, "Hq": hq,
+                       "Hkv": hkv, "B": B, "P": P, "suffix": SUFFIX,
+                       "torch_native_ms": round(native, 3), "feather_ms": round(feather, 3),
+                       "speedup": round(native / feather, 2), "plan_ms": round(find, 3),
+                       "prefix_gemm_ms": round(gemm, 3),
+                       "speedup_bound": round(native / gemm, 2),
+                       "max_abs_diff": err, "repeats": reps}
                 rows.append(row)
-                print(f"{row['dtype']:>9} {B:>4} {P:>6} {native:>14.2f} {feather:>11.2f} "
-                      f"{native / feather:>8.1f}x {find:>10.3f}", flush=True)
+                print(f"{row['dtype']:>9} {hq:>2}/{hkv:<2} {B:>4} {P:>6} {native:>14.2f} "
+                      f"{feather:>11.2f} {native / feather:>8.1f}x {find:>10.3f} "
+                      f"{gemm:>10.3f} {native / gemm:>8.1f}x", flush=True)
     return rows
 
 
@@ -192,6 +236,9 @@ def main(argv=None) -> int:
                              "on a shared 2-core machine, as in sglang-on-cpu.md)")
     parser.add_argument("--batches", type=_ints, help="comma-separated B values (overrides the grid)")
     parser.add_argument("--prefixes", type=_ints, help="comma-separated P values (overrides the grid)")
+    parser.add_argument("--no-reference-shape", action="store_true",
+                        help="skip the rows at the shape of sglang-on-cpu.md's measurement (8 query "
+                             "and 8 KV heads) that the targets come from (full grid only)")
     parser.add_argument("--extend", action="store_true",
                         help="also time the issue's extend case (31 requests x 383 new tokens "
                              "over a cached 815-token prefix), rows under \"extend_rows\"")
@@ -217,13 +264,20 @@ def main(argv=None) -> int:
     batches, prefixes = args.batches or batches, args.prefixes or prefixes
     print(f"decode attention step, Hq={HQ} Hkv={HKV} D={HEAD_DIM}, suffix {SUFFIX}, "
           f"{torch.get_num_threads()} threads; medians in ms")
-    print(f"{'dtype':>9} {'B':>4} {'P':>6} {'torch_native':>14} {'feather':>11} "
-          f"{'speedup':>9} {'plan':>10}")
+    print(f"{'dtype':>9} {'Hq/Hkv':>5} {'B':>4} {'P':>6} {'torch_native':>14} {'feather':>11} "
+          f"{'speedup':>9} {'plan':>10} {'prefix_gemm':>10} {'bound':>9}")
     rows = run(batches, prefixes, dtypes, repeats)
+    if not args.quick and not args.no_reference_shape:
+        # The targets' own cells (those in the grid) at the shape of the measurement the
+        # targets come from.
+        for B, P in ((16, 2048), (64, 8192)):
+            if B in batches and P in prefixes:
+                rows += run((B,), (P,), (torch.float32,), repeats, *REFERENCE_SHAPE,
+                            shape="reference")
 
-    def speedup(B, P, dtype="float32"):
-        hits = [r["speedup"] for r in rows if r["B"] == B and r["P"] == P
-                and r["dtype"] == dtype]
+    def speedup(B, P, dtype="float32", shape="smollm2", key="speedup"):
+        hits = [r[key] for r in rows if r["B"] == B and r["P"] == P
+                and r["dtype"] == dtype and r["shape"] == shape]
         return hits[0] if hits else None
 
     # NOTE: the headline keys are float32 (the stricter case: both sides do the same fp32
@@ -231,7 +285,15 @@ def main(argv=None) -> int:
     # gets its own keys.
     summary = {"speedup_b16_p2048": speedup(16, 2048), "speedup_b64_p8192": speedup(64, 8192),
                "threads": args.threads,
-               "targets": {"speedup_b16_p2048": 8.0, "speedup_b64_p8192": 12.0}}
+               "targets": {"speedup_b16_p2048": 8.0, "speedup_b64_p8192": 12.0},
+               # native / the prefix's two GEMMs alone: no exact prefix-shared step can beat it
+               "speedup_bound_b16_p2048": speedup(16, 2048, key="speedup_bound"),
+               "speedup_bound_b64_p8192": speedup(64, 8192, key="speedup_bound")}
+    if speedup(16, 2048, shape="reference") is not None:
+        summary["reference_shape"] = {"Hq": REFERENCE_SHAPE[0], "Hkv": REFERENCE_SHAPE[1],
+                                      "head_dim": HEAD_DIM, "dtype": "float32"}
+        summary["speedup_b16_p2048_reference_shape"] = speedup(16, 2048, shape="reference")
+        summary["speedup_b64_p8192_reference_shape"] = speedup(64, 8192, shape="reference")
     for dtype in dtypes[1:]:
         name = str(dtype).removeprefix("torch.")
         summary[f"speedup_b16_p2048_{name}"] = speedup(16, 2048, name)

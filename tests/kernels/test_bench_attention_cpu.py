@@ -1,0 +1,39 @@
+"""The CPU attention benchmark (``make bench-attention``'s kernel part) runs on a small grid and
+writes the JSON issue 4 asks for: rows per cell, the headline summary keys, the GEMM floor
+beside each speedup and the rows at the targets' reference shape. Its figures are read, not
+asserted on time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_attention_json_shape(tmp_path):
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_attention.py"), "--batches", "3,16",
+         "--prefixes", "0,2048", "--repeats", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert {"machine", "rows", "extend_rows", "server", "summary"} <= result.keys()
+    summary = result["summary"]
+    assert summary["speedup_b16_p2048"] > 0 and summary["speedup_bound_b16_p2048"] > 0
+    assert summary["speedup_b64_p8192"] is None  # not in this grid
+    assert summary["speedup_b16_p2048_reference_shape"] > 0
+    assert summary["reference_shape"] == {"Hq": 8, "Hkv": 8, "head_dim": 64, "dtype": "float32"}
+    rows = result["rows"]
+    # 2 batches x 2 prefixes x (float32, bfloat16) at SmolLM2's shape + 1 reference cell
+    assert len(rows) == 9
+    assert {(r["shape"], r["Hq"], r["Hkv"]) for r in rows} == {("smollm2", 9, 3), ("reference", 8, 8)}
+    for r in rows:
+        # the same answer from both sides, empty prefix (P=0: nothing shared) included
+        assert r["max_abs_diff"] < (1e-5 if r["dtype"] == "float32" else 2e-2), r
+        assert r["torch_native_ms"] > 0 and r["feather_ms"] > 0 and r["prefix_gemm_ms"] >= 0
+    assert "speedup" in run.stdout and "bound" in run.stdout
