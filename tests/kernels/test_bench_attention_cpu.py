@@ -37,3 +37,19 @@ def test_bench_attention_json_shape(tmp_path):
         assert r["max_abs_diff"] < (1e-5 if r["dtype"] == "float32" else 2e-2), r
         assert r["torch_native_ms"] > 0 and r["feather_ms"] > 0 and r["prefix_flops_ms"] >= 0
     assert "speedup" in run.stdout and "bound" in run.stdout
+
+
+def test_profile_attention_step_prints_the_breakdown():
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "profile_attention_step.py"), "--batch", "3",
+         "--prefix", "40", "--calls", "2"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "_scaled_dot_product_flash_attention_for_cpu" in run.stdout
+    assert "per call:" in run.stdout and "KV gathers" in run.stdout
+    bad = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "profile_attention_step.py"), "--batch", "0"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert bad.returncode == 2 and "must be >= 1" in bad.stderr
