@@ -130,9 +130,9 @@ def run_extend(dtypes, requests: int, prefix: int, new_tokens: int, repeats: int
                                   HQ, HKV, HEAD_DIM, dtype=dtype, seed=requests)
         groups = find_extend_groups(batch.req_to_token, batch.req_pool_indices,
                                     batch.extend_prefix_lens)
-        native, feather = _paired_ms(lambda: torch_native_extend(*batch.args),
-                                     lambda: prefix_shared_extend(*batch.args, groups=groups),
-                                     repeats)
+        native, feather = _medians_ms(lambda: torch_native_extend(*batch.args),
+                                      lambda: prefix_shared_extend(*batch.args, groups=groups),
+                                      repeats=repeats)
         err = (prefix_shared_extend(*batch.args, groups=groups).float()
                - torch_native_extend(*batch.args).float()).abs().max().item()
         row = {"dtype": str(dtype).removeprefix("torch."), "requests": requests,
@@ -150,27 +150,26 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x)
 
 
-def _median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def _medians_ms(*fns, repeats: int) -> tuple[float, ...]:
+    """Medians (ms) of each of ``fns``, timed alternately call by call, so that a load change
+    on a shared machine hits every side alike rather than one of them."""
+    for fn in fns:  # warm-up
         fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def _paired_ms(fn_a, fn_b, repeats: int) -> tuple[float, float]:
-    """Medians (ms) of ``fn_a`` and ``fn_b`` timed alternately, so that a load change on a
-    shared machine hits both sides alike rather than one of them."""
-    fn_a(), fn_b()  # warm-up
-    a, b = [], []
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, times in ((fn_a, a), (fn_b, b)):
+        for fn, t in zip(fns, times):
             t0 = time.perf_counter()
             fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(a), statistics.median(b)
+            t.append((time.perf_counter() - t0) * 1e3)
+    return tuple(statistics.median(t) for t in times)
+
+
+def decode_cell(B: int, P: int, dtype=torch.float32, hq: int = HQ, hkv: int = HKV):
+    """One cell's batch (``B`` requests sharing ``P`` prefix slots, ``SUFFIX`` own tokens each)
+    and its plan, as a backend builds it once per forward batch."""
+    batch = make_decode_batch([B], [P], [SUFFIX] * B, hq, hkv, HEAD_DIM, dtype=dtype, seed=B + P)
+    groups = [PrefixGroup(torch.tensor(m), p) for m, p in batch.groups]
+    return batch, plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens, groups)
 
 
 def _machine() -> dict:
@@ -202,34 +201,30 @@ def run(batches, prefixes, dtypes, repeats: int, peak_gflops: float, hq: int = H
     for dtype in dtypes:
         for B in batches:
             for P in prefixes:
-                batch = make_decode_batch([B], [P], [SUFFIX] * B, hq, hkv, HEAD_DIM,
-                                          dtype=dtype, seed=B + P)
-                groups = [PrefixGroup(torch.tensor(m), p) for m, p in batch.groups]
-                plan = plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
-                                   groups)
+                batch, plan = decode_cell(B, P, dtype, hq, hkv)
                 # fewer repeats where one torch_native step takes seconds
                 reps = max(3, repeats // (1 + B * P * hkv // (65536 * HKV)))
-                native, feather = _paired_ms(lambda: torch_native_decode(*batch.args),
-                                             lambda: prefix_shared_decode(*batch.args, plan=plan),
-                                             reps)
-                find = _median_ms(lambda: plan_decode(
+                native, feather = _medians_ms(lambda: torch_native_decode(*batch.args),
+                                              lambda: prefix_shared_decode(*batch.args, plan=plan),
+                                              repeats=reps)
+                find, = _medians_ms(lambda: plan_decode(
                     batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
                     find_prefix_groups(batch.req_to_token, batch.req_pool_indices,
-                                       batch.seq_lens)), reps)
-                gemm = prefix_flops_ms(B, P, hq, peak_gflops)
+                                       batch.seq_lens)), repeats=reps)
+                floor = prefix_flops_ms(B, P, hq, peak_gflops)
                 err = (prefix_shared_decode(*batch.args, plan=plan).float()
                        - torch_native_decode(*batch.args).float()).abs().max().item()
                 row = {"dtype": str(dtype).removeprefix("torch."), "shape": shape, "Hq": hq,
                        "Hkv": hkv, "B": B, "P": P, "suffix": SUFFIX,
                        "torch_native_ms": round(native, 3), "feather_ms": round(feather, 3),
                        "speedup": round(native / feather, 2), "plan_ms": round(find, 3),
-                       "prefix_flops_ms": round(gemm, 3),
-                       "speedup_bound": round(native / gemm, 2) if gemm else None,
+                       "prefix_flops_ms": round(floor, 3),
+                       "speedup_bound": round(native / floor, 2) if floor else None,
                        "max_abs_diff": err, "repeats": reps}
                 rows.append(row)
                 print(f"{row['dtype']:>9} {hq:>2}/{hkv:<2} {B:>4} {P:>6} {native:>14.2f} "
                       f"{feather:>11.2f} {native / feather:>8.1f}x {find:>10.3f} "
-                      f"{gemm:>10.3f} {native / max(gemm, 1e-9):>8.1f}x", flush=True)
+                      f"{floor:>10.3f} {native / max(floor, 1e-9):>8.1f}x", flush=True)
     return rows
 
 
@@ -295,8 +290,8 @@ def main(argv=None) -> int:
     summary = {"speedup_b16_p2048": speedup(16, 2048), "speedup_b64_p8192": speedup(64, 8192),
                "threads": args.threads,
                "targets": {"speedup_b16_p2048": 8.0, "speedup_b64_p8192": 12.0},
-               # native / the prefix's FLOPs at the fp32 GEMM peak (prefix_flops_ms)
                "fp32_gemm_peak_gflops": round(peak, 1),
+               # native / the prefix's FLOPs at that peak (prefix_flops_ms)
                "speedup_bound_b16_p2048": speedup(16, 2048, key="speedup_bound"),
                "speedup_bound_b64_p8192": speedup(64, 8192, key="speedup_bound")}
     if speedup(16, 2048, shape="reference") is not None:

@@ -23,9 +23,10 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from bench_attention import HEAD_DIM, HKV, HQ, SUFFIX, fp32_gemm_peak_gflops, prefix_flops_ms  # noqa: E402
-from feather_kernels import PrefixGroup, plan_decode, prefix_shared_decode  # noqa: E402
-from feather_kernels.synthetic import make_decode_batch  # noqa: E402
+from bench_attention import (  # noqa: E402
+    HEAD_DIM, HKV, HQ, SUFFIX, decode_cell, fp32_gemm_peak_gflops, prefix_flops_ms,
+)
+from feather_kernels import prefix_shared_decode  # noqa: E402
 
 FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
 
@@ -41,9 +42,7 @@ def main(argv=None) -> int:
         parser.error("--batch, --prefix and --calls must be >= 1")
     torch.set_num_threads(args.threads)
     B, P = args.batch, args.prefix
-    batch = make_decode_batch([B], [P], [SUFFIX] * B, HQ, HKV, HEAD_DIM, seed=B + P)
-    groups = [PrefixGroup(torch.tensor(m), p) for m, p in batch.groups]
-    plan = plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens, groups)
+    batch, plan = decode_cell(B, P)  # the benchmark's own cell
     flush = torch.ones(16 * 1024 * 1024)  # 64 MB: more than the last-level cache
     prefix_shared_decode(*batch.args, plan=plan)  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
