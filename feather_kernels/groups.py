@@ -37,12 +37,18 @@ def find_prefix_groups(
 ) -> list[PrefixGroup]:
     """Group the batch's requests by shared leading KV slot ids.
 
-    Candidates are requests with the same first slot id; for each candidate group the common
-    length is binary-searched over ``[1, min seq_len of the group]`` by comparing ONE column of
-    the members' ``req_to_token`` rows per probe, all candidate groups at once. The probe
-    "column ``m-1`` is equal" is monotone in ``m`` under the radix-cache invariant (a slot id
-    belongs to one tree node, so equal slots at position ``j`` imply equal slots before ``j``).
-    ``verify=True`` drops that assumption and checks the found prefixes in full.
+    Candidates are requests with the same slot id at position ``min_prefix - 1``; for each
+    candidate group the common length is binary-searched over ``[min_prefix, min seq_len of
+    the group]`` by comparing ONE column of the members' ``req_to_token`` rows per probe, all
+    candidate groups at once. Both rest on the radix-cache invariant: a slot id belongs to one
+    tree node, so equal slots at position ``j`` imply equal slots before ``j`` (the probe
+    "column ``m-1`` is equal" is monotone in ``m``, and equal slots at ``min_prefix - 1`` mean
+    at least ``min_prefix`` shared). ``verify=True`` drops that assumption and checks the found
+    prefixes in full.
+
+    NOTE: keying on position 0 instead would lump together requests whose prompts only start
+    alike (chat-template tokens, "You are a"), and their common length, a few tokens, would hide
+    the long prefixes shared within each subset.
 
     Cost: ``O(B log L)`` int compares in ``~log2(L)`` vectorised steps (each a few small torch
     ops and one host sync), versus ``O(B * L)`` for comparing whole rows; ``verify`` adds
@@ -67,16 +73,19 @@ def find_prefix_groups(
         return []
     rpi = req_pool_indices.long()
     seq_lens = seq_lens.long()
-    first = req_to_token[rpi, 0]
-    uniq, gid, counts = torch.unique(first, return_inverse=True, return_counts=True)
-    n_groups = int(uniq.shape[0])
     arange_b = torch.arange(B, device=device)
+    min_prefix = max(int(min_prefix), 1)
+    # Requests shorter than min_prefix share nothing worth a group: a key of their own (< 0).
+    col = min(min_prefix, req_to_token.shape[1]) - 1  # a narrower table has no eligible row
+    key = torch.where(seq_lens >= min_prefix, req_to_token[rpi, col].long(), -1 - arange_b)
+    uniq, gid, counts = torch.unique(key, return_inverse=True, return_counts=True)
+    n_groups = int(uniq.shape[0])
     leader = torch.full((n_groups,), B, dtype=torch.long, device=device)
     leader = leader.scatter_reduce(0, gid, arange_b, reduce="amin")
     hi = torch.full((n_groups,), torch.iinfo(torch.long).max, dtype=torch.long, device=device)
     hi = hi.scatter_reduce(0, gid, seq_lens, reduce="amin")
     hi = torch.where(counts >= 2, hi, torch.zeros_like(hi))  # singletons share nothing
-    lo = torch.ones_like(hi).minimum(hi)
+    lo = torch.full_like(hi, min_prefix).minimum(hi)  # the key column is shared
     leader_row = rpi[leader[gid]]  # [B] pool row of each request's group leader
     while bool((lo < hi).any()):
         mid = (lo + hi + 1) // 2  # probe: are the first `mid` slots shared?
@@ -101,7 +110,7 @@ def find_prefix_groups(
             same = (rows == rows[:1]).all(dim=0)
             if not bool(same.all()):
                 p = int(torch.argmin(same.int()))  # first mismatching position
-        if counts_l[g] >= 2 and p >= max(min_prefix, 1):
+        if counts_l[g] >= 2 and p >= min_prefix:
             groups.append(PrefixGroup(idx, p))
         else:
             leftovers.append(idx)

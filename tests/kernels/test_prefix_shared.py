@@ -228,9 +228,25 @@ def test_find_groups_common_length_and_branching():
 def test_find_groups_capped_by_shortest_member_and_min_prefix():
     table = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]]
     assert _groups(table, [0, 1, 2], [6, 3, 6], min_prefix=1) == {(0, 1, 2): 3}
-    assert _groups(table, [0, 1, 2], [6, 3, 6], min_prefix=4) == {(0, 1, 2): 0}
+    # the member too short for min_prefix is left out; the others share all 6
+    assert _groups(table, [0, 1, 2], [6, 3, 6], min_prefix=4) == {(0, 2): 6, (1,): 0}
+    assert _groups(table, [0, 1, 2], [3, 3, 3], min_prefix=4) == {(0, 1, 2): 0}
     assert _groups(table, [0], [6], min_prefix=1) == {(0,): 0}
     assert _groups([[1, 2], [3, 4]], [0, 1], [2, 2], min_prefix=1) == {(0, 1): 0}
+
+
+def test_find_groups_prompts_that_only_start_alike():
+    # Two system prompts that begin with the same 3 tokens ("You are a", a chat template):
+    # the radix tree shares those 3 slots between them, then each prompt's own 40 slots are
+    # shared within its group. Both groups must be found (a shared start of 3 < min_prefix
+    # must not hide them), and a request that shares only the start stays out.
+    start = [1, 2, 3]
+    a = start + list(range(100, 140))
+    b = start + list(range(200, 240))
+    table = [a + [500 + i] for i in range(3)] + [b + [600 + i] for i in range(3)]
+    table.append(start + list(range(300, 341)))  # shares only the 3-token start
+    rows = [0, 3, 6, 1, 4, 2, 5]  # groups interleaved in the batch
+    assert _groups(table, rows, [44] * 7) == {(0, 3, 5): 43, (1, 4, 6): 43, (2,): 0}
 
 
 def test_find_groups_verify_catches_tables_that_break_the_radix_invariant():
