@@ -1,8 +1,10 @@
 """Synthetic decode batches in SGLang's KV pool layout, for tests and benchmarks.
 
 Builds what a radix-cache hit leaves behind: groups of requests whose ``req_to_token`` rows
-start with the same (scattered) slot ids, followed by each request's own slots; rows are
-placed at shuffled pool rows and the batch order interleaves groups.
+start with the same slot ids, followed by each request's own slots; rows are placed at
+shuffled pool rows and the batch order interleaves groups. Slot ids are either scattered at
+random over the pool (``layout="scattered"``) or laid out as SGLang's token allocator hands
+them out on a fresh server (``layout="allocator"``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def make_decode_batch(
     spare_rows: int = 3,
     spare_slots: int = 64,
     shuffle: bool = True,
+    layout: str = "scattered",
 ) -> DecodeBatch:
     """Build a batch of ``sum(group_sizes)`` requests.
 
@@ -55,13 +58,25 @@ def make_decode_batch(
     ``suffix_lens`` gives each request's own tokens, group by group (total per request
     must be ``>= 1``). Unused ``req_to_token`` entries hold random valid slot ids, so reading
     past ``seq_len`` changes the result rather than going unnoticed.
+
+    ``layout``: ``"scattered"``, every slot id at random over the pool (the hardest case for
+    reads); or ``"allocator"``, as SGLang's ``TokenToKVPoolAllocator`` (page size 1) lays out
+    such a batch on a fresh server, where it hands out the head of its sorted free list: each
+    group's prefix in one block of consecutive ids (prefilled once), then one id per request
+    per decode step, so that own tokens interleave across the batch; id 0 stays unused (SGLang's
+    padding slot).
     """
     assert len(group_sizes) == len(prefix_lens)
     B = sum(group_sizes)
     assert len(suffix_lens) == B
     gen = torch.Generator().manual_seed(seed)
     n_slots = sum(prefix_lens) + sum(suffix_lens) + spare_slots
-    perm = torch.randperm(n_slots, generator=gen).to(torch.int32)
+    if layout == "scattered":
+        perm = torch.randperm(n_slots, generator=gen).to(torch.int32)
+    elif layout == "allocator":
+        perm = _allocator_order(group_sizes, prefix_lens, suffix_lens, n_slots)
+    else:
+        raise ValueError(f"layout={layout!r}: allowed values are 'scattered' and 'allocator'")
     max_len = max(p for p in prefix_lens) + max(suffix_lens) + 8
     R = B + spare_rows
     req_to_token = torch.randint(0, n_slots, (R, max_len), generator=gen, dtype=torch.int32)
@@ -94,6 +109,30 @@ def make_decode_batch(
     q = torch.randn(B, num_q_heads, head_dim, generator=gen).to(dtype)
     return DecodeBatch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
                        head_dim ** -0.5, groups)
+
+
+def _allocator_order(group_sizes: list[int], prefix_lens: list[int], suffix_lens: list[int],
+                     n_slots: int) -> torch.Tensor:
+    """Slot ids in the order :func:`make_decode_batch` consumes them (each group's prefix, then
+    its members' own tokens, member by member) for the ``"allocator"`` layout."""
+    prefixes, nxt = [], 1
+    for P in prefix_lens:
+        prefixes.append(torch.arange(nxt, nxt + P, dtype=torch.int32))
+        nxt += P
+    # Decode step t hands one id to every request that has more than t own tokens.
+    own = [torch.empty(n, dtype=torch.int32) for n in suffix_lens]
+    for t in range(max(suffix_lens, default=0)):
+        for r, n in enumerate(suffix_lens):
+            if t < n:
+                own[r][t] = nxt
+                nxt += 1
+    assert nxt <= n_slots, "the pool needs at least one spare slot (id 0)"
+    order, r = [], 0
+    for size, prefix in zip(group_sizes, prefixes):
+        order.append(prefix)
+        order += own[r: r + size]
+        r += size
+    return torch.cat(order)
 
 
 @dataclass(frozen=True)

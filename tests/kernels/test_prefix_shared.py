@@ -166,6 +166,58 @@ def test_cpu_paths_without_the_fused_flash_op(monkeypatch):
            torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_path_allocator_layout_reads_runs_in_place(dtype):
+    # SGLang's allocator gives a prefix prefilled at once consecutive slots: the plan attends
+    # such runs in place (one long run per group here), the result must not change.
+    sizes, prefixes = [5, 3, 2], [600, 300, 40]
+    suffixes = [64, 30, 1, 0, 17, 64, 64, 2, 9, 33]
+    batch = make_decode_batch(sizes, prefixes, suffixes, 9, 3, 64, dtype=dtype, seed=11,
+                              layout="allocator")
+    plan = plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    runs = sorted(n for part in plan.parts for _, n in part.runs)
+    assert runs == [300, 600]  # the 40-token prefix is below _MIN_RUN: gathered
+    assert all(part.rest is None for part in plan.parts)
+    _close(prefix_shared_decode(*batch.args, plan=plan), decode_attention_reference(*batch.args),
+           dtype)
+
+
+def test_cpu_path_prefix_of_runs_and_scattered_slots():
+    # a fragmented pool: the prefix is two long runs, short runs and single slots, listed out of
+    # order in req_to_token; the runs are read in place, the rest gathered, merged by LSE
+    batch = make_decode_batch([4, 1], [800, 0], [5, 64, 0, 12, 3], 8, 2, 32, seed=12,
+                              layout="allocator", spare_slots=256)
+    n_slots = batch.k_buffer.shape[0]
+    prefix = torch.arange(1, 801, dtype=torch.int32)
+    prefix[300:340] = torch.arange(n_slots - 40, n_slots, dtype=torch.int32)  # 40 moved slots
+    prefix[500:503] = torch.tensor([n_slots - 100, n_slots - 150, n_slots - 41], dtype=torch.int32)
+    prefix = prefix[torch.randperm(800, generator=torch.Generator().manual_seed(0))]
+    members = batch.groups[0][0]
+    batch.req_to_token[batch.req_pool_indices[members], :800] = prefix
+    plan = plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    (part,) = [p for p in plan.parts if p.slots is not None]
+    assert [n for _, n in part.runs] == [300, 297] and part.rest.numel() == 203
+    ref = decode_attention_reference(*batch.args)
+    _close(prefix_shared_decode(*batch.args, plan=plan), ref, torch.float32)
+    # the same through a strided pool view (one slice of a wider buffer)
+    wide_k = torch.randn(n_slots, 4, 32)
+    wide_v = torch.randn(n_slots, 4, 32)
+    wide_k[:, 1:3], wide_v[:, 1:3] = batch.k_buffer, batch.v_buffer
+    args = (batch.q, wide_k[:, 1:3], wide_v[:, 1:3]) + batch.args[3:]
+    _close(prefix_shared_decode(*args, plan=plan), ref, torch.float32)
+
+
+def test_synthetic_layouts():
+    # "allocator": each prefix one block from slot 1, then one slot per request per step
+    b = make_decode_batch([2, 1], [5, 3], [2, 3, 1], 4, 2, 8, layout="allocator", shuffle=False)
+    rows = b.req_to_token[b.req_pool_indices]
+    assert rows[0, :7].tolist() == [1, 2, 3, 4, 5, 9, 12]
+    assert rows[1, :8].tolist() == [1, 2, 3, 4, 5, 10, 13, 14]
+    assert rows[2, :4].tolist() == [6, 7, 8, 11]
+    with pytest.raises(ValueError, match="allowed values are 'scattered' and 'allocator'"):
+        make_decode_batch([1], [4], [1], 4, 2, 8, layout="sorted")
+
+
 # --- extend (prefill on a cached prefix), CPU path --------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
