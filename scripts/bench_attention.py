@@ -24,10 +24,17 @@ floor under any exact prefix-shared step in fp32: the prefix's two matrix produc
 and ``probs V``, ``4 B Hq P D`` FLOPs) at this core's fp32 GEMM peak (a 1024-cube ``torch.mm``,
 measured at the start); ``bound`` = torch_native / that floor.
 
+Slot ids (``--layout``): ``scattered`` (default), every slot at random over the pool, the
+hardest case for reads; or ``allocator``, as SGLang's token allocator lays the batch out on a
+fresh server: the shared prefix in one block of consecutive slots (which feather attends in
+place, with no copy), then one slot per request per decode step. Both sides read the same
+slots.
+
 Full grid: B in {4, 16, 64} x P in {512, 2048, 8192} x dtype in {float32, bfloat16}, plus the
-two target cells (B16/P2048, B64/P8192, float32) at the shape of the measurement in
-``sglang-on-cpu.md`` the targets come from (8 query and 8 KV heads, head dim 64; rows with
-``"shape": "reference"``); ``--quick``: B in {4, 16} x P in {512, 2048}, float32 only.
+two target cells (B16/P2048, B64/P8192, float32) in the other layout (rows and summary keys
+``*_allocator_layout`` by default) and at the shape of the measurement in ``sglang-on-cpu.md``
+the targets come from (8 query and 8 KV heads, head dim 64; rows with ``"shape":
+"reference"``); ``--quick``: B in {4, 16} x P in {512, 2048}, float32 only.
 ``--extend`` adds the issue's extend case (``prefix_shared_extend`` vs torch_native's extend
 loop, which attends all ``seq_len`` query rows and keeps the new ones).
 """
@@ -164,10 +171,13 @@ def _medians_ms(*fns, repeats: int) -> tuple[float, ...]:
     return tuple(statistics.median(t) for t in times)
 
 
-def decode_cell(B: int, P: int, dtype=torch.float32, hq: int = HQ, hkv: int = HKV):
-    """One cell's batch (``B`` requests sharing ``P`` prefix slots, ``SUFFIX`` own tokens each)
-    and its plan, as a backend builds it once per forward batch."""
-    batch = make_decode_batch([B], [P], [SUFFIX] * B, hq, hkv, HEAD_DIM, dtype=dtype, seed=B + P)
+def decode_cell(B: int, P: int, dtype=torch.float32, hq: int = HQ, hkv: int = HKV,
+                layout: str = "scattered"):
+    """One cell's batch (``B`` requests sharing ``P`` prefix slots, ``SUFFIX`` own tokens each,
+    slot ids laid out as ``layout``, see ``make_decode_batch``) and its plan, as a backend
+    builds it once per forward batch."""
+    batch = make_decode_batch([B], [P], [SUFFIX] * B, hq, hkv, HEAD_DIM, dtype=dtype, seed=B + P,
+                              layout=layout)
     groups = [PrefixGroup(torch.tensor(m), p) for m, p in batch.groups]
     return batch, plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens, groups)
 
@@ -196,12 +206,12 @@ def prefix_flops_ms(B: int, P: int, hq: int, peak_gflops: float) -> float:
 
 
 def run(batches, prefixes, dtypes, repeats: int, peak_gflops: float, hq: int = HQ,
-        hkv: int = HKV, shape: str = "smollm2") -> list[dict]:
+        hkv: int = HKV, shape: str = "smollm2", layout: str = "scattered") -> list[dict]:
     rows = []
     for dtype in dtypes:
         for B in batches:
             for P in prefixes:
-                batch, plan = decode_cell(B, P, dtype, hq, hkv)
+                batch, plan = decode_cell(B, P, dtype, hq, hkv, layout)
                 # fewer repeats where one torch_native step takes seconds
                 reps = max(3, repeats // (1 + B * P * hkv // (65536 * HKV)))
                 native, feather = _medians_ms(lambda: torch_native_decode(*batch.args),
@@ -215,14 +225,14 @@ def run(batches, prefixes, dtypes, repeats: int, peak_gflops: float, hq: int = H
                 err = (prefix_shared_decode(*batch.args, plan=plan).float()
                        - torch_native_decode(*batch.args).float()).abs().max().item()
                 row = {"dtype": str(dtype).removeprefix("torch."), "shape": shape, "Hq": hq,
-                       "Hkv": hkv, "B": B, "P": P, "suffix": SUFFIX,
+                       "Hkv": hkv, "layout": layout, "B": B, "P": P, "suffix": SUFFIX,
                        "torch_native_ms": round(native, 3), "feather_ms": round(feather, 3),
                        "speedup": round(native / feather, 2), "plan_ms": round(find, 3),
                        "prefix_flops_ms": round(floor, 3),
                        "speedup_bound": round(native / floor, 2) if floor else None,
                        "max_abs_diff": err, "repeats": reps}
                 rows.append(row)
-                print(f"{row['dtype']:>9} {hq:>2}/{hkv:<2} {B:>4} {P:>6} {native:>14.2f} "
+                print(f"{row['dtype']:>9} {hq:>2}/{hkv:<2} {layout:>9} {B:>4} {P:>6} {native:>14.2f} "
                       f"{feather:>11.2f} {native / feather:>8.1f}x {find:>10.3f} "
                       f"{floor:>10.3f} {native / max(floor, 1e-9):>8.1f}x", flush=True)
     return rows
@@ -242,6 +252,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-reference-shape", action="store_true",
                         help="skip the rows at the shape of sglang-on-cpu.md's measurement (8 query "
                              "and 8 KV heads) that the targets come from (full grid only)")
+    parser.add_argument("--layout", choices=("scattered", "allocator"), default="scattered",
+                        help="slot ids of the grid's batches: scattered at random over the pool "
+                             "(default, the hardest case for reads) or as SGLang's allocator lays "
+                             "them out on a fresh server (each prefix one block of consecutive "
+                             "slots, one slot per request per decode step); the full grid adds "
+                             "the two target cells in the other layout")
     parser.add_argument("--extend", action="store_true",
                         help="also time the issue's extend case (31 requests x 383 new tokens "
                              "over a cached 815-token prefix), rows under \"extend_rows\"")
@@ -267,28 +283,31 @@ def main(argv=None) -> int:
     batches, prefixes = args.batches or batches, args.prefixes or prefixes
     print(f"decode attention step, Hq={HQ} Hkv={HKV} D={HEAD_DIM}, suffix {SUFFIX}, "
           f"{torch.get_num_threads()} threads; medians in ms")
-    print(f"{'dtype':>9} {'Hq/Hkv':>5} {'B':>4} {'P':>6} {'torch_native':>14} {'feather':>11} "
+    print(f"{'dtype':>9} {'Hq/Hkv':>5} {'layout':>9} {'B':>4} {'P':>6} {'torch_native':>14} {'feather':>11} "
           f"{'speedup':>9} {'plan':>10} {'pre_flops':>10} {'bound':>9}")
     peak = fp32_gemm_peak_gflops()
-    rows = run(batches, prefixes, dtypes, repeats, peak)
-    if not args.quick and not args.no_reference_shape:
-        # The targets' own cells (those in the grid) at the shape of the measurement the
-        # targets come from.
+    rows = run(batches, prefixes, dtypes, repeats, peak, layout=args.layout)
+    other = "allocator" if args.layout == "scattered" else "scattered"
+    if not args.quick:
+        # The targets' own cells (those in the grid) in the other slot layout and at the shape
+        # of the measurement the targets come from.
         for B, P in ((16, 2048), (64, 8192)):
             if B in batches and P in prefixes:
-                rows += run((B,), (P,), (torch.float32,), repeats, peak, *REFERENCE_SHAPE,
-                            shape="reference")
+                rows += run((B,), (P,), (torch.float32,), repeats, peak, layout=other)
+                if not args.no_reference_shape:
+                    rows += run((B,), (P,), (torch.float32,), repeats, peak, *REFERENCE_SHAPE,
+                                shape="reference", layout=args.layout)
 
-    def speedup(B, P, dtype="float32", shape="smollm2", key="speedup"):
-        hits = [r[key] for r in rows if r["B"] == B and r["P"] == P
-                and r["dtype"] == dtype and r["shape"] == shape]
+    def speedup(B, P, dtype="float32", shape="smollm2", key="speedup", layout=args.layout):
+        hits = [r[key] for r in rows if r["B"] == B and r["P"] == P and r["dtype"] == dtype
+                and r["shape"] == shape and r["layout"] == layout]
         return hits[0] if hits else None
 
     # NOTE: the headline keys are float32 (the stricter case: both sides do the same fp32
     # FLOPs, so the gain is bounded by GEMM vs per-request GEMV + gather); the second dtype
     # gets its own keys.
     summary = {"speedup_b16_p2048": speedup(16, 2048), "speedup_b64_p8192": speedup(64, 8192),
-               "threads": args.threads,
+               "layout": args.layout, "threads": args.threads,
                "targets": {"speedup_b16_p2048": 8.0, "speedup_b64_p8192": 12.0},
                "fp32_gemm_peak_gflops": round(peak, 1),
                # native / the prefix's FLOPs at that peak (prefix_flops_ms)
@@ -299,6 +318,9 @@ def main(argv=None) -> int:
                                       "head_dim": HEAD_DIM, "dtype": "float32"}
         summary["speedup_b16_p2048_reference_shape"] = speedup(16, 2048, shape="reference")
         summary["speedup_b64_p8192_reference_shape"] = speedup(64, 8192, shape="reference")
+    if speedup(16, 2048, layout=other) is not None:
+        summary[f"speedup_b16_p2048_{other}_layout"] = speedup(16, 2048, layout=other)
+        summary[f"speedup_b64_p8192_{other}_layout"] = speedup(64, 8192, layout=other)
     for dtype in dtypes[1:]:
         name = str(dtype).removeprefix("torch.")
         summary[f"speedup_b16_p2048_{name}"] = speedup(16, 2048, name)

@@ -37,12 +37,14 @@ def main(argv=None) -> int:
     parser.add_argument("--prefix", type=int, default=2048)
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--layout", choices=("scattered", "allocator"), default="scattered",
+                        help="slot ids of the batch (see bench_attention.py --layout)")
     args = parser.parse_args(argv)
     if args.batch < 1 or args.prefix < 1 or args.calls < 1:
         parser.error("--batch, --prefix and --calls must be >= 1")
     torch.set_num_threads(args.threads)
     B, P = args.batch, args.prefix
-    batch, plan = decode_cell(B, P)  # the benchmark's own cell
+    batch, plan = decode_cell(B, P, layout=args.layout)  # the benchmark's own cell
     flush = torch.ones(16 * 1024 * 1024)  # 64 MB: more than the last-level cache
     prefix_shared_decode(*batch.args, plan=plan)  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -51,7 +53,7 @@ def main(argv=None) -> int:
             prefix_shared_decode(*batch.args, plan=plan)
     events = [e for e in prof.key_averages() if e.key != "aten::mul_"]
     print(f"feather decode step, B={B} P={P} suffix {SUFFIX}, Hq={HQ} Hkv={HKV} D={HEAD_DIM}, "
-          f"fp32, {args.threads} thread(s), caches flushed before each of {args.calls} calls")
+          f"fp32, {args.layout} slots, {args.threads} thread(s), caches flushed before each of {args.calls} calls")
     print(f"{'op':<52} {'self ms/call':>12} {'calls/step':>10}")
     for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]:
         print(f"{e.key[:52]:<52} {e.self_cpu_time_total / 1e3 / args.calls:>12.3f} "

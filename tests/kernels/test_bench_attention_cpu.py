@@ -28,10 +28,14 @@ def test_bench_attention_json_shape(tmp_path):
     assert summary["speedup_b64_p8192"] is None  # not in this grid
     assert summary["speedup_b16_p2048_reference_shape"] > 0
     assert summary["reference_shape"] == {"Hq": 8, "Hkv": 8, "head_dim": 64, "dtype": "float32"}
+    assert summary["layout"] == "scattered" and summary["speedup_b16_p2048_allocator_layout"] > 0
     rows = result["rows"]
-    # 2 batches x 2 prefixes x (float32, bfloat16) at SmolLM2's shape + 1 reference cell
-    assert len(rows) == 9
-    assert {(r["shape"], r["Hq"], r["Hkv"]) for r in rows} == {("smollm2", 9, 3), ("reference", 8, 8)}
+    # 2 batches x 2 prefixes x (float32, bfloat16) at SmolLM2's shape, scattered slots; the
+    # target cell in the allocator's layout; the target cell at the reference shape
+    assert len(rows) == 10
+    assert sorted((r["shape"], r["Hq"], r["Hkv"], r["layout"]) for r in rows) == (
+        [("reference", 8, 8, "scattered")] + [("smollm2", 9, 3, "allocator")]
+        + [("smollm2", 9, 3, "scattered")] * 8)
     for r in rows:
         # the same answer from both sides, empty prefix (P=0: nothing shared) included
         assert r["max_abs_diff"] < (1e-5 if r["dtype"] == "float32" else 2e-2), r
