@@ -267,11 +267,23 @@ def main(argv=None) -> int:
                              "SmolLM2): 32 requests sharing a ~740-token prompt, 32 tokens each")
     parser.add_argument("--dtype", default="bfloat16",
                         help="second dtype besides float32 (full grid only)")
+    parser.add_argument("--server-groups", type=int, default=1,
+                        help="system prompts the --server requests are spread over (must divide "
+                             "32; default 1); with more, fcfs batches mix groups")
     parser.add_argument("--server-dtypes", default="float32,bfloat16",
                         help="serving dtypes of the --server comparison, comma-separated (default: "
                              "float32, the stricter case, and bfloat16, what the CPU runtime serves "
                              "in by default on CPUs with bf16 instructions)")
     args = parser.parse_args(argv)
+
+    # The server options are checked before the kernel grid runs, not after.
+    server_dtypes = [d.strip() for d in args.server_dtypes.split(",") if d.strip()]
+    unknown = [d for d in server_dtypes if d not in ("float32", "bfloat16", "float16")]
+    if unknown or not server_dtypes:
+        parser.error(f"--server-dtypes: {unknown or 'none given'}; allowed: float32, bfloat16, float16")
+    if args.server_groups < 1 or 32 % args.server_groups:
+        parser.error(f"--server-groups: {args.server_groups}; allowed: 1, 2, 4, 8, 16 or 32 "
+                     "(it must divide the 32 requests)")
 
     torch.set_num_threads(args.threads)
     if args.quick:
@@ -332,15 +344,12 @@ def main(argv=None) -> int:
     if args.server:
         from feather_sglang.bench.attention_e2e import run_server_comparison
 
-        server_dtypes = [d.strip() for d in args.server_dtypes.split(",") if d.strip()]
-        unknown = [d for d in server_dtypes if d not in ("float32", "bfloat16", "float16")]
-        if unknown or not server_dtypes:
-            parser.error(f"--server-dtypes: {unknown or 'none given'}; allowed: float32, bfloat16, float16")
         torch.set_num_threads(os.cpu_count() or 1)  # the servers are separate processes anyway
         server = {}
         for dtype in server_dtypes:
             print(f"server comparison on {args.server}, {dtype} ...", flush=True)
-            server[dtype] = run_server_comparison(args.server, os.path.join(REPO, "results"), dtype=dtype)
+            server[dtype] = run_server_comparison(args.server, os.path.join(REPO, "results"), dtype=dtype,
+                                                  groups=args.server_groups)
             # float32 keeps the unsuffixed keys (the headline, as before); others get a suffix.
             suffix = "" if dtype == "float32" else f"_{dtype}"
             summary[f"server_speedup_total_time{suffix}"] = server[dtype]["speedup_total_time"]

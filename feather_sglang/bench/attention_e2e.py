@@ -11,15 +11,19 @@ from pathlib import Path
 
 def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: int = 32,
                           prefix_repeat: int = 40, max_new_tokens: int = 32, policy: str = "fcfs",
-                          dtype: str = "float32") -> dict:
+                          dtype: str = "float32", groups: int = 1) -> dict:
     """Total time of ``requests`` greedy requests sharing one ~740-token system prompt (a fresh,
     warmed-up server: the first request computes the prefix), per backend, split by the batch
-    trace into extend, decode and attention time; outputs must agree."""
+    trace into extend, decode and attention time; outputs must agree. ``groups`` > 1 splits the
+    requests over that many system prompts (of ~700-800 tokens, all starting "You are a"),
+    arriving shuffled, so that the policy's batches mix groups."""
+    if groups < 1 or requests % groups:
+        raise ValueError(f"groups must be >= 1 and divide requests ({requests}), got {groups}")
     from feather_sglang.sglang_integration.trace import ENV, read_trace, time_split
     from feather_sglang.tools.server import SGLangServer
     from feather_sglang.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
 
-    prompts = shared_prefix_prompts(1, requests, repeat=prefix_repeat)
+    prompts = shared_prefix_prompts(groups, requests // groups, repeat=prefix_repeat)
     times: dict[str, list[float]] = {"feather": [], "torch_native": []}
     parts: dict[str, list[dict]] = {b: [] for b in times}
     outputs = {}
@@ -43,7 +47,7 @@ def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: 
     # What feather's backend could still gain: its total with every second of attention removed.
     floor = med["feather"] - split["feather"]["attention_s"]
     return {
-        "model": model, "policy": policy, "dtype": dtype, "requests": requests,
+        "model": model, "policy": policy, "dtype": dtype, "requests": requests, "groups": groups,
         "max_new_tokens": max_new_tokens, "seconds": times, "median_s": med,
         "speedup_total_time": round(med["torch_native"] / med["feather"], 2),
         "median_split_s": split,

@@ -57,3 +57,14 @@ def test_profile_attention_step_prints_the_breakdown():
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )
     assert bad.returncode == 2 and "must be >= 1" in bad.stderr
+
+
+def test_bench_attention_rejects_bad_server_options_before_running():
+    for flag, value, says in (("--server-groups", "3", "it must divide the 32 requests"),
+                              ("--server-dtypes", "fp8", "allowed: float32, bfloat16, float16")):
+        run = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "bench_attention.py"), "--server", flag, value],
+            capture_output=True, text=True, timeout=120, cwd=REPO,
+        )
+        assert run.returncode == 2 and says in run.stderr, run.stderr[-2000:]
+        assert "decode attention step" not in run.stdout  # nothing ran
