@@ -153,6 +153,41 @@ def run_extend(dtypes, requests: int, prefix: int, new_tokens: int, repeats: int
     return rows
 
 
+# (system prompt, document, documents, requests per document): one system prompt shared by
+# all, then one document per subset of requests, then 20 own tokens each.
+SPLIT_SHAPES = ((128, 600, 4, 4), (128, 400, 6, 5), (512, 256, 4, 4), (128, 64, 8, 2))
+
+
+def run_split(repeats: int) -> list[dict]:
+    """The group finder's split at a deeper branch (``feather_kernels.groups._split_deeper``):
+    feather's decode step with the groups it finds vs the same batch as one group over the
+    system prompt only (what the finder returned before the split), float32."""
+    rows = []
+    for system, doc, docs, per in SPLIT_SHAPES:
+        batch = make_decode_batch([per] * docs, [system + doc] * docs, [20] * (docs * per), HQ,
+                                  HKV, HEAD_DIM, seed=system + doc, layout="allocator")
+        r2t, rpi = batch.req_to_token, batch.req_pool_indices
+        first = rpi[batch.groups[0][0][0]]
+        for members, _ in batch.groups[1:]:  # every document after the same system prompt
+            r2t[rpi[members], :system] = r2t[first, :system]
+        found = find_prefix_groups(r2t, rpi, batch.seq_lens)
+        split = plan_decode(r2t, rpi, batch.seq_lens, found)
+        whole = plan_decode(r2t, rpi, batch.seq_lens,
+                            [PrefixGroup(torch.arange(docs * per), system)])
+        t_split, t_whole = _medians_ms(lambda: prefix_shared_decode(*batch.args, plan=split),
+                                       lambda: prefix_shared_decode(*batch.args, plan=whole),
+                                       repeats=repeats)
+        row = {"system": system, "document": doc, "documents": docs, "per_document": per,
+               "groups_found": [[len(g.batch_indices), g.prefix_len] for g in found],
+               "split_ms": round(t_split, 3), "one_group_ms": round(t_whole, 3),
+               "speedup": round(t_whole / t_split, 2), "repeats": repeats}
+        rows.append(row)
+        print(f"split: system {system} + {docs} documents of {doc} x {per} requests: groups "
+              f"{row['groups_found']}, {t_split:.2f} ms vs one group at {system}: "
+              f"{t_whole:.2f} ms, {t_whole / t_split:.2f}x", flush=True)
+    return rows
+
+
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x)
 
@@ -261,6 +296,10 @@ def main(argv=None) -> int:
     parser.add_argument("--extend", action="store_true",
                         help="also time the issue's extend case (31 requests x 383 new tokens "
                              "over a cached 815-token prefix), rows under \"extend_rows\"")
+    parser.add_argument("--split", action="store_true",
+                        help="also time the group finder's split at a deeper branch (a system prompt "
+                             "shared by all, one document per subset) against one group over the "
+                             "system prompt, rows under \"split_rows\"")
     parser.add_argument("--server", metavar="MODEL_DIR", nargs="?",
                         const=os.path.join(REPO, "models", "SmolLM2-135M-Instruct"),
                         help="also compare the backends end to end on a real server (default model: "
@@ -340,6 +379,7 @@ def main(argv=None) -> int:
     extend_rows = run_extend(dtypes, 31, 815, 383, 3) if args.extend else []
     for row in extend_rows:
         summary[f"extend_speedup_{row['dtype']}"] = row["speedup"]
+    split_rows = run_split(21) if args.split else []
     server = None
     if args.server:
         from feather_sglang.bench.attention_e2e import run_server_comparison
@@ -361,7 +401,7 @@ def main(argv=None) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"machine": _machine(), "rows": rows, "extend_rows": extend_rows,
-                       "server": server, "summary": summary}, f, indent=2)
+                       "split_rows": split_rows, "server": server, "summary": summary}, f, indent=2)
     return 0
 
 

@@ -17,12 +17,16 @@ def test_bench_attention_json_shape(tmp_path):
     out = tmp_path / "bench.json"
     run = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "bench_attention.py"), "--batches", "3,16",
-         "--prefixes", "0,2048", "--repeats", "2", "--json", str(out)],
+         "--prefixes", "0,2048", "--repeats", "2", "--split", "--json", str(out)],
         capture_output=True, text=True, timeout=600, cwd=REPO,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert {"machine", "rows", "extend_rows", "server", "summary"} <= result.keys()
+    assert {"machine", "rows", "extend_rows", "split_rows", "server", "summary"} <= result.keys()
+    # the finder splits the system prompt + document shapes into one group per document
+    split = result["split_rows"]
+    assert split[0]["groups_found"] == [[4, 728]] * 4 and split[0]["speedup"] > 0
+    assert split[-1]["groups_found"] == [[16, 128]]  # 64-token documents: not worth a split
     summary = result["summary"]
     assert summary["speedup_b16_p2048"] > 0 and summary["speedup_bound_b16_p2048"] > 0
     assert summary["speedup_b64_p8192"] is None  # not in this grid

@@ -301,6 +301,60 @@ def test_find_groups_prompts_that_only_start_alike():
     assert _groups(table, rows, [44] * 7) == {(0, 3, 5): 43, (1, 4, 6): 43, (2,): 0}
 
 
+def _pad(table):
+    """Rows of one width: each padded with slot ids of its own (past its seq_len)."""
+    width = max(len(row) for row in table)
+    return [row + [10_000 + 1_000 * r + j for j in range(width - len(row))]
+            for r, row in enumerate(table)]
+
+
+def test_find_groups_split_at_a_deeper_branch():
+    # a 20-slot system prompt shared by all, then one document per subset (+100 and +90
+    # slots), then each request's own slots: the subsets are the groups, not everyone at 20
+    # (650 KV rows read as one group at 20, 290 split)
+    system = list(range(1, 21))
+    doc_a, doc_b = list(range(100, 200)), list(range(200, 290))
+    table = [system + doc_a + [300 + i] * 5 for i in range(3)]
+    table += [system + doc_b + [400 + i] * 15 for i in range(3)]
+    rows = [0, 3, 1, 4, 2, 5]
+    assert _groups(table, rows, [125] * 6) == {(0, 2, 4): 120, (1, 3, 5): 110}
+    # two levels: the first document's subset branches again after 10 slots (+100 and +110)
+    deep = [system + doc_a[:10] + list(range(500, 600)) + [600 + i] for i in range(3)]
+    deep += [system + doc_a[:10] + list(range(700, 810)) + [800 + i] for i in range(3)]
+    table2 = _pad(deep + [system + doc_b[:25] + [900 + i] for i in range(2)])
+    lens2 = [131] * 3 + [141] * 3 + [46] * 2
+    assert _groups(table2, list(range(8)), lens2) == {(0, 1, 2): 130, (3, 4, 5): 140, (6, 7): 45}
+    # short second branches (+12, +14): splitting would not halve the reads, at either level
+    short = [row[:42] + [1000 + r] for r, row in enumerate(deep[:3])]
+    short += [row[:44] + [1100 + r] for r, row in enumerate(deep[3:])]
+    table3 = _pad(short + [system + doc_b[:25] + [900 + i] for i in range(2)])
+    assert _groups(table3, list(range(8)), [43] * 3 + [45] * 3 + [46] * 2) == {tuple(range(8)): 20}
+    # members left at the branch stay a group at the common length; a single one is a loner
+    table4 = _pad([system + doc_a + [300 + i] for i in range(3)]
+                  + [system + [900 + i] * 5 for i in range(2)])
+    assert _groups(table4, [0, 1, 2, 3, 4], [121] * 3 + [25] * 2) == {(0, 1, 2): 120, (3, 4): 20}
+    table5 = _pad([system + doc_a + [300 + i] for i in range(3)] + [system + [900] * 5])
+    assert _groups(table5, [0, 1, 2, 3], [121] * 3 + [25]) == {(0, 1, 2): 120, (3,): 0}
+    # not worth it: the subsets share only one slot more than everyone
+    table6 = [system + [50] + [60 + i] * 30 for i in range(2)] + [system + [51] + [70 + i] * 30 for i in range(2)]
+    assert _groups(table6, [0, 1, 2, 3], [51] * 4) == {(0, 1, 2, 3): 20}
+
+
+def test_cpu_path_with_groups_split_at_a_deeper_branch():
+    # two groups of the synthetic batch made to share their first 20 slots (one system
+    # prompt): the finder splits at the branch and the step still matches the reference
+    batch = make_decode_batch([3, 3, 2], [150, 145, 0], [4, 0, 9, 1, 7, 3, 5, 2], 9, 3, 64,
+                              seed=21, layout="allocator")
+    (a, pa), (b, pb) = batch.groups[:2]
+    rows_a, rows_b = batch.req_pool_indices[a], batch.req_pool_indices[b]
+    batch.req_to_token[rows_b, :20] = batch.req_to_token[rows_a[0], :20]
+    groups = find_prefix_groups(batch.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    found = {tuple(g.batch_indices.tolist()): g.prefix_len for g in groups}
+    assert found[tuple(a)] == 150 and found[tuple(b)] == 145
+    _close(prefix_shared_decode(*batch.args, groups=groups), decode_attention_reference(*batch.args),
+           torch.float32)
+
+
 def test_find_groups_verify_catches_tables_that_break_the_radix_invariant():
     table = [[1, 2, 3, 4], [1, 9, 3, 4]]  # equal at 0, 2, 3 but not 1
     assert _groups(table, [0, 1], [4, 4], min_prefix=1, verify=True) == {(0, 1): 1}
