@@ -85,7 +85,12 @@ def test_sglang_serve_with_radix_cache_disabled_explains_what_it_loses(tiny_mode
 
 def test_engine_runs_feather_with_options(tiny_model, capfd):
     import sglang
+    from multiprocessing import resource_tracker
 
+    import psutil
+
+    resource_tracker.ensure_running()
+    tracker = resource_tracker._resource_tracker._pid
     engine = sglang.Engine(
         model_path=str(tiny_model), schedule_policy="feather", feather_chunk_size=32, feather_max_wait_s=5.0,
         max_total_tokens=8192, log_level="info",
@@ -96,6 +101,8 @@ def test_engine_runs_feather_with_options(tiny_model, capfd):
     finally:
         shutdown_engine(engine)
     assert "feather schedule policy: {'chunk_size': 32" in capfd.readouterr().err
+    # the engine's shutdown kills this process's children, but not the resource tracker
+    assert psutil.pid_exists(tracker) and psutil.Process(tracker).status() != psutil.STATUS_ZOMBIE
 
 
 def test_smollm2_answers_capital_of_france(smollm2_model, tmp_path):
