@@ -34,6 +34,7 @@ def find_prefix_groups(
     seq_lens: torch.Tensor,
     min_prefix: int = MIN_SHARED_PREFIX,
     verify: bool = False,
+    split_max_reads: float | None = None,
 ) -> list[PrefixGroup]:
     """Group the batch's requests by shared leading KV slot ids.
 
@@ -67,6 +68,9 @@ def find_prefix_groups(
         seq_lens: ``[B]`` int64, ``>= 1``.
         min_prefix: shortest shared prefix worth its own group.
         verify: check every found prefix in full (for tables that break the invariant).
+        split_max_reads: split a group at a deeper branch when the split reads at most this
+            fraction of the KV rows the whole group reads (``None``: ``_SPLIT_MAX_READS``, 0.5;
+            0: never split; 1: whenever it reads no more).
 
     Returns:
         Groups covering every batch index exactly once: groups of ``>= 2`` requests with
@@ -117,10 +121,11 @@ def find_prefix_groups(
             if not bool(same.all()):
                 p = int(torch.argmin(same.int()))  # first mismatching position
         if counts_l[g] >= 2 and p >= min_prefix:
-            if verify:  # the split below rests on the invariant that verify distrusts
+            if verify or split_max_reads == 0:  # verify distrusts the invariant the split rests on
                 groups.append(PrefixGroup(idx, p))
             else:
-                groups += _split_deeper(req_to_token, rpi, seq_lens, idx, p, leftovers)
+                groups += _split_deeper(req_to_token, rpi, seq_lens, idx, p, leftovers,
+                                        _SPLIT_MAX_READS if split_max_reads is None else split_max_reads)
         else:
             leftovers.append(idx)
     if leftovers:
@@ -141,23 +146,26 @@ def _common_len(req_to_token: torch.Tensor, rows: torch.Tensor, lo: int, hi: int
     return lo
 
 
-# NOTE: a split must at least halve the KV reads. Fewer queries per group make the attention
-# op less efficient: measured on one layer's step (scripts/bench_attention.py --split), splits
-# that cut the reads to 0.30-0.32 of one group's ran 1.4x-1.6x faster, one that cut them to 0.69
-# ran 0.84x-0.88x.
+# NOTE: a split must at least halve the KV reads: fewer queries per group make the attention
+# op less efficient, so a small cut in reads need not pay. Measured on one layer's step
+# (scripts/bench_attention.py --split, which also times the split at any saving): splits that
+# cut the reads to 0.30-0.32 of one group's ran 1.4x-1.6x faster; one that cut them to 0.69 ran
+# 0.84x-1.07x over 6 runs, no gain, so it is not taken.
 _SPLIT_MAX_READS = 0.5
 
 
 def _split_deeper(req_to_token: torch.Tensor, rpi: torch.Tensor, seq_lens: torch.Tensor,
-                  idx: torch.Tensor, p: int, leftovers: list[torch.Tensor]) -> list[PrefixGroup]:
+                  idx: torch.Tensor, p: int, leftovers: list[torch.Tensor],
+                  max_reads: float = _SPLIT_MAX_READS) -> list[PrefixGroup]:
     """``idx`` (sorted batch indices) share ``p`` leading slots: split them at slot ``p`` into
-    the subsets that share more when that at least halves the KV reads, recursively."""
-    groups, _, loners = _best_split(req_to_token, rpi, seq_lens, idx, p)
+    the subsets that share more when that reads at most ``max_reads`` of the KV rows (by
+    default half), recursively."""
+    groups, _, loners = _best_split(req_to_token, rpi, seq_lens, idx, p, max_reads)
     leftovers += loners
     return groups
 
 
-def _best_split(req_to_token, rpi, seq_lens, idx, p):
+def _best_split(req_to_token, rpi, seq_lens, idx, p, max_reads):
     """``(groups, reads, loners)`` of the cheaper of ``idx`` as one group at ``p`` and its split.
 
     Reads are counted in KV rows: a group reads its prefix once and each member its own tail
@@ -180,7 +188,7 @@ def _best_split(req_to_token, rpi, seq_lens, idx, p):
     for k in torch.unique(inv[in_sub]).tolist():
         m = idx[inv == k]
         q = _common_len(req_to_token, rpi[m], p + 1, int(seq_lens[m].min()))
-        g, r, lo = _best_split(req_to_token, rpi, seq_lens, m, q)
+        g, r, lo = _best_split(req_to_token, rpi, seq_lens, m, q, max_reads)
         groups += g
         reads += r
         loners += lo
@@ -191,6 +199,6 @@ def _best_split(req_to_token, rpi, seq_lens, idx, p):
     elif rest.numel():
         loners.append(rest)
         reads += int(seq_lens[rest].sum())
-    if reads > _SPLIT_MAX_READS * whole[1]:
+    if reads > max_reads * whole[1]:
         return whole
     return groups, reads, loners
