@@ -90,22 +90,11 @@ def find_prefix_groups(
     key = torch.where(seq_lens >= min_prefix, req_to_token[rpi, col].long(), -1 - arange_b)
     uniq, gid, counts = torch.unique(key, return_inverse=True, return_counts=True)
     n_groups = int(uniq.shape[0])
-    leader = torch.full((n_groups,), B, dtype=torch.long, device=device)
-    leader = leader.scatter_reduce(0, gid, arange_b, reduce="amin")
     hi = torch.full((n_groups,), torch.iinfo(torch.long).max, dtype=torch.long, device=device)
     hi = hi.scatter_reduce(0, gid, seq_lens, reduce="amin")
     hi = torch.where(counts >= 2, hi, torch.zeros_like(hi))  # singletons share nothing
     lo = torch.full_like(hi, min_prefix).minimum(hi)  # the key column is shared
-    leader_row = rpi[leader[gid]]  # [B] pool row of each request's group leader
-    while bool((lo < hi).any()):
-        mid = (lo + hi + 1) // 2  # probe: are the first `mid` slots shared?
-        col = (mid - 1).clamp(min=0)[gid]
-        eq = (req_to_token[rpi, col] == req_to_token[leader_row, col]).long()
-        all_eq = torch.ones(n_groups, dtype=torch.long, device=device)
-        all_eq = all_eq.scatter_reduce(0, gid, eq, reduce="amin").bool()
-        active = lo < hi
-        lo = torch.where(active & all_eq, mid, lo)
-        hi = torch.where(active & ~all_eq, mid - 1, hi)
+    lo = _common_lens(req_to_token, rpi, gid, lo, hi)
     prefix_len = lo.tolist()
     counts_l = counts.tolist()
     order = torch.argsort(gid, stable=True)
@@ -124,8 +113,11 @@ def find_prefix_groups(
             if verify or split_max_reads == 0:  # verify distrusts the invariant the split rests on
                 groups.append(PrefixGroup(idx, p))
             else:
-                groups += _split_deeper(req_to_token, rpi, seq_lens, idx, p, leftovers,
-                                        _SPLIT_MAX_READS if split_max_reads is None else split_max_reads)
+                found, _, loners = _split_deeper(
+                    req_to_token, rpi, seq_lens, idx, p,
+                    _SPLIT_MAX_READS if split_max_reads is None else split_max_reads)
+                groups += found
+                leftovers += loners
         else:
             leftovers.append(idx)
     if leftovers:
@@ -133,16 +125,26 @@ def find_prefix_groups(
     return groups
 
 
-def _common_len(req_to_token: torch.Tensor, rows: torch.Tensor, lo: int, hi: int) -> int:
-    """The largest ``m`` in ``[lo, hi]`` such that ``rows`` share their first ``m`` slots,
-    given that they share the first ``lo`` (binary search, one column per probe)."""
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        col = req_to_token[rows, mid - 1]
-        if bool((col == col[0]).all()):
-            lo = mid
-        else:
-            hi = mid - 1
+def _common_lens(req_to_token: torch.Tensor, rows: torch.Tensor, gid: torch.Tensor,
+                 lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Per group ``g`` (``gid[i]``: the group of pool row ``rows[i]``), the largest ``m`` in
+    ``[lo[g], hi[g]]`` such that its rows share their first ``m`` slots, given that they share
+    the first ``lo[g]``: a binary search, all groups at once, ONE ``req_to_token`` column per
+    group and probe, each row compared with its group's first."""
+    n, device = int(lo.shape[0]), rows.device
+    arange = torch.arange(rows.shape[0], device=device)
+    leader = torch.full((n,), rows.shape[0], dtype=torch.long, device=device)
+    leader = leader.scatter_reduce(0, gid, arange, reduce="amin")
+    leader_row = rows[leader[gid]]  # each row's group leader
+    while bool((lo < hi).any()):
+        mid = (lo + hi + 1) // 2  # probe: are the first `mid` slots shared?
+        col = (mid - 1).clamp(min=0)[gid]
+        eq = (req_to_token[rows, col] == req_to_token[leader_row, col]).long()
+        all_eq = torch.ones(n, dtype=torch.long, device=device)
+        all_eq = all_eq.scatter_reduce(0, gid, eq, reduce="amin").bool()
+        active = lo < hi
+        lo = torch.where(active & all_eq, mid, lo)
+        hi = torch.where(active & ~all_eq, mid - 1, hi)
     return lo
 
 
@@ -154,24 +156,15 @@ def _common_len(req_to_token: torch.Tensor, rows: torch.Tensor, lo: int, hi: int
 _SPLIT_MAX_READS = 0.5
 
 
-def _split_deeper(req_to_token: torch.Tensor, rpi: torch.Tensor, seq_lens: torch.Tensor,
-                  idx: torch.Tensor, p: int, leftovers: list[torch.Tensor],
-                  max_reads: float = _SPLIT_MAX_READS) -> list[PrefixGroup]:
-    """``idx`` (sorted batch indices) share ``p`` leading slots: split them at slot ``p`` into
-    the subsets that share more when that reads at most ``max_reads`` of the KV rows (by
-    default half), recursively."""
-    groups, _, loners = _best_split(req_to_token, rpi, seq_lens, idx, p, max_reads)
-    leftovers += loners
-    return groups
-
-
-def _best_split(req_to_token, rpi, seq_lens, idx, p, max_reads):
-    """``(groups, reads, loners)`` of the cheaper of ``idx`` as one group at ``p`` and its split.
+def _split_deeper(req_to_token, rpi, seq_lens, idx, p, max_reads):
+    """``idx`` (sorted batch indices) share ``p`` leading slots: ``(groups, reads, loners)`` of
+    the cheaper of ``idx`` as one group at ``p`` and its split at slot ``p``, where the split
+    must read at most ``max_reads`` of the whole group's KV rows (by default half).
 
     Reads are counted in KV rows: a group reads its prefix once and each member its own tail
     (``seq_len - prefix``); a loner reads its whole length. Split: each subset of >= 2 that
-    agrees at slot ``p`` (split further where that pays), and the members left, a group at
-    ``p`` if >= 2, else a loner."""
+    agrees at slot ``p`` (split further where that pays, recursively), and the members left, a
+    group at ``p`` if >= 2, else a loner."""
     lens = seq_lens[idx]
     whole = ([PrefixGroup(idx, p)], p + int((lens - p).sum()), [])
     deeper = lens > p
@@ -184,11 +177,15 @@ def _best_split(req_to_token, rpi, seq_lens, idx, p, max_reads):
     in_sub = counts[inv] >= 2  # key < 0 is unique, so never in a subset
     if not bool(in_sub.any()):
         return whole
+    # The subsets' common lengths, all at once.
+    sub_gid = torch.unique(inv[in_sub], return_inverse=True)[1]
+    members = idx[in_sub]
+    hi = torch.full((int(sub_gid.max()) + 1,), torch.iinfo(torch.long).max, dtype=torch.long,
+                    device=idx.device).scatter_reduce(0, sub_gid, seq_lens[members], reduce="amin")
+    depth = _common_lens(req_to_token, rpi[members], sub_gid, torch.full_like(hi, p + 1), hi)
     groups, reads, loners = [], 0, []
-    for k in torch.unique(inv[in_sub]).tolist():
-        m = idx[inv == k]
-        q = _common_len(req_to_token, rpi[m], p + 1, int(seq_lens[m].min()))
-        g, r, lo = _best_split(req_to_token, rpi, seq_lens, m, q, max_reads)
+    for k, q in enumerate(depth.tolist()):
+        g, r, lo = _split_deeper(req_to_token, rpi, seq_lens, members[sub_gid == k], q, max_reads)
         groups += g
         reads += r
         loners += lo

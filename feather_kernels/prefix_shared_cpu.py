@@ -396,6 +396,8 @@ def _attend_group_prefix(
                                      scale))
     if len(pieces) == 1:
         return pieces[0]
+    # NOTE: not merge_state: every piece has keys, so no -inf to guard, and this runs per layer
+    # (16 us against merge_state's 44 us for two pieces at B16, 3 KV heads).
     lse = torch.stack([piece[1] for piece in pieces])  # [R, Hkv, M], all finite
     total = torch.logsumexp(lse, dim=0)
     weights = torch.exp(lse - total).unsqueeze(-1)

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 import torch
 
 
+# Slot id layouts of make_decode_batch (see its docstring).
+LAYOUTS = ("scattered", "allocator")
+
+
 @dataclass(frozen=True)
 class DecodeBatch:
     """One layer's pool and one decode step's batch.
@@ -76,7 +80,8 @@ def make_decode_batch(
     elif layout == "allocator":
         perm = _allocator_order(group_sizes, prefix_lens, suffix_lens, n_slots)
     else:
-        raise ValueError(f"layout={layout!r}: allowed values are 'scattered' and 'allocator'")
+        raise ValueError(f"layout={layout!r}: allowed values are "
+                         + " and ".join(repr(name) for name in LAYOUTS))
     max_len = max(p for p in prefix_lens) + max(suffix_lens) + 8
     R = B + spare_rows
     req_to_token = torch.randint(0, n_slots, (R, max_len), generator=gen, dtype=torch.int32)

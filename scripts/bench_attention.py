@@ -63,7 +63,7 @@ from feather_kernels import (  # noqa: E402
     prefix_shared_decode,
     prefix_shared_extend,
 )
-from feather_kernels.synthetic import make_decode_batch, make_extend_batch  # noqa: E402
+from feather_kernels.synthetic import LAYOUTS, make_decode_batch, make_extend_batch  # noqa: E402
 from feather_sglang.tools.machine import describe  # noqa: E402
 
 HQ, HKV, HEAD_DIM = 9, 3, 64  # SmolLM2-135M-Instruct
@@ -296,7 +296,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-reference-shape", action="store_true",
                         help="skip the rows at the shape of sglang-on-cpu.md's measurement (8 query "
                              "and 8 KV heads) that the targets come from (full grid only)")
-    parser.add_argument("--layout", choices=("scattered", "allocator"), default="scattered",
+    parser.add_argument("--layout", choices=LAYOUTS, default="scattered",
                         help="slot ids of the grid's batches: scattered at random over the pool "
                              "(default, the hardest case for reads) or as SGLang's allocator lays "
                              "them out on a fresh server (each prefix one block of consecutive "
@@ -347,7 +347,7 @@ def main(argv=None) -> int:
           f"{'speedup':>9} {'plan':>10} {'pre_flops':>10} {'bound':>9}")
     peak = fp32_gemm_peak_gflops()
     rows = run(batches, prefixes, dtypes, repeats, peak, layout=args.layout)
-    other = "allocator" if args.layout == "scattered" else "scattered"
+    other, = (name for name in LAYOUTS if name != args.layout)
     if not args.quick:
         # The targets' own cells (those in the grid) in the other slot layout and at the shape
         # of the measurement the targets come from.

@@ -27,6 +27,7 @@ from bench_attention import (  # noqa: E402
     HEAD_DIM, HKV, HQ, SUFFIX, decode_cell, fp32_gemm_peak_gflops, prefix_flops_ms,
 )
 from feather_kernels import prefix_shared_decode  # noqa: E402
+from feather_kernels.synthetic import LAYOUTS  # noqa: E402
 
 FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
 
@@ -37,7 +38,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prefix", type=int, default=2048)
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--layout", choices=("scattered", "allocator"), default="scattered",
+    parser.add_argument("--layout", choices=LAYOUTS, default="scattered",
                         help="slot ids of the batch (see bench_attention.py --layout)")
     args = parser.parse_args(argv)
     if args.batch < 1 or args.prefix < 1 or args.calls < 1:
