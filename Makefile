@@ -46,25 +46,23 @@ bench-attention: setup
 # the timings stable on a small shared machine (see README).
 AB_ARGS ?= --threads 1
 AB_AGENT_PPO := ppo:feather_rl/agents/ppo_tiny-llama.zip
-# BatchLLM's sizes halved: the built-in batchllm's shape until stop 13 (the small-pool run keeps it:
-# at full size a 4,096-token pool cannot hold one group's 2,000-token prefix and its 16 requests)
-BATCHLLM_HALF := --gsp-groups 4 --gsp-prompts-per-group 8 --gsp-prefix-len 1000 --gsp-question-len 100 --gsp-output-len 16
-# feather-8x100's shape until stop 13 (prompts cut to 400 tokens), kept for the agents, the
-# 64-token and the small-pool variants (the small pool cannot hold 2,000-token prompts)
-FEATHER_8X8_P400 := --gsp-groups 8 --gsp-prompts-per-group 8 --gsp-prefix-len 400 --gsp-question-len 24 --gsp-output-len 16
+# batchllm-half and feather-8x100-p400 (SPECS in feather_sglang/workloads.py) are the shapes
+# batchllm (BatchLLM's sizes halved) and feather-8x100 (prompts cut to 400 tokens) had until
+# stop 13, kept for the agents, the 64-token and the small-pool variants (a 4,096-token pool
+# cannot hold one group's 2,000-token prefix and its 16 requests; a 2,048 one no 2,000-token prompts)
 ab: setup
 	.venv/bin/feather-ab --workload feather-8x100 --feather-agents static,$(AB_AGENT_PPO) --repeats 2 --json results/ab/feather-8x100.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload gsp $(FEATHER_8X8_P400) --feather-agents static,$(AB_AGENT_PPO) --repeats 2 --json results/ab/feather-8x100-p400.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload feather-8x100-p400 --feather-agents static,$(AB_AGENT_PPO) --repeats 2 --json results/ab/feather-8x100-p400.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload batchllm --feather-agents static,$(AB_AGENT_PPO) --json results/ab/batchllm.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload gsp $(BATCHLLM_HALF) --feather-agents static,$(AB_AGENT_PPO) --json results/ab/batchllm-half.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload batchllm-half --feather-agents static,$(AB_AGENT_PPO) --json results/ab/batchllm-half.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload no-sharing --repeats 2 --json results/ab/no-sharing.json $(AB_ARGS)
 	@for w in multilevel gsp; do .venv/bin/feather-ab --workload $$w --json results/ab/$$w.json $(AB_ARGS) || exit 1; done
-	.venv/bin/feather-ab --workload gsp $(FEATHER_8X8_P400) --policies feather --backends feather --feather-agents static,ucb,qlearning,$(AB_AGENT_PPO) --json results/ab/agents-feather-8x100-p400.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload feather-8x100-p400 --policies feather --backends feather --feather-agents static,ucb,qlearning,$(AB_AGENT_PPO) --json results/ab/agents-feather-8x100-p400.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload-file scripts/example_workload.jsonl --mode online --json results/ab/example-online.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload gsp $(FEATHER_8X8_P400) --max-new-tokens 64 --json results/ab/feather-8x100-p400-out64.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload feather-8x100-p400 --max-new-tokens 64 --json results/ab/feather-8x100-p400-out64.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload feather-8x50 --repeats 2 --json results/ab/feather-8x50.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload gsp $(BATCHLLM_HALF) --max-total-tokens 4096 --json results/ab/batchllm-half-kv4096.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload gsp $(FEATHER_8X8_P400) --max-total-tokens 2048 --json results/ab/feather-8x100-p400-kv2048.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload batchllm-half --max-total-tokens 4096 --json results/ab/batchllm-half-kv4096.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload feather-8x100-p400 --max-total-tokens 2048 --json results/ab/feather-8x100-p400-kv2048.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload feather-8x50 --max-total-tokens 2048 --json results/ab/feather-8x50-kv2048.json $(AB_ARGS)
 
 ab-quick: setup

@@ -1,7 +1,9 @@
 """Workloads for the environment: built-in names (with optional parameters) and JSONL files.
 
 A spec is ``NAME`` (``gsp``, ``feather-8x100``, ``feather-8x50``, ``batchllm``, ``multilevel``,
-``no-sharing``), ``NAME:key=value,key=value`` (generator parameters, e.g.
+``no-sharing``), a named shape (``feather-8x100-p400``, ``batchllm-half``: ``SPECS`` in
+``feather_sglang/workloads.py``, which parses specs), ``NAME:key=value,key=value`` (generator
+parameters, e.g.
 ``gsp:groups=8,prompts_per_group=4``), or ``file:PATH`` (a workload file in the A/B tool's JSON
 Lines format). Built-ins are rebuilt per seed (other text, other shuffle); a file is the same
 every episode.
@@ -13,13 +15,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from feather_sglang.chunk_hash import chunk_hashes
-from feather_sglang.workloads import WORKLOADS, Workload, WorkloadError, build_workload, load_workload_file, load_tokenizer
+from feather_sglang.workloads import SPECS, Workload, WorkloadError, build_workload, load_tokenizer, load_workload_file, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TOKENIZER = REPO / "models" / "tiny-llama"  # SmolLM2's tokenizer
 # feather-8x100's shape until stop 13 (prompts cut to 400 tokens), the one the shipped agents were
 # trained on; the A/B tool's feather-8x100 now has 2,000-token prompts, outside the replay data.
-FEATHER_8X8_P400 = "gsp:groups=8,prompts_per_group=8,prefix_len=400,question_len=24,output_len=16"
+FEATHER_8X8_P400 = SPECS["feather-8x100-p400"]
 # Training mixes the three A/B shapes and a few gsp variants; batchllm's shape, multilevel (and
 # any workload file) are held out for evaluation.
 TRAIN_WORKLOADS = (
@@ -30,24 +32,8 @@ TRAIN_WORKLOADS = (
 )
 # The held-out batchllm shape is the one the shipped agents were evaluated on: BatchLLM's sizes
 # halved (the A/B tool's ``batchllm`` is now the unhalved one, 4x the prefill work per episode).
-BATCHLLM_HALF = "gsp:groups=4,prompts_per_group=8,prefix_len=1000,question_len=100,output_len=16"
+BATCHLLM_HALF = SPECS["batchllm-half"]
 HELDOUT_WORKLOADS = (BATCHLLM_HALF, "multilevel")
-
-
-def parse_spec(spec: str) -> tuple[str, dict]:
-    """(name or 'file', params or {'path': ...}); WorkloadError names what is wrong."""
-    if spec.startswith("file:"):
-        return "file", {"path": spec[len("file:"):]}
-    name, _, rest = spec.partition(":")
-    if name not in WORKLOADS:
-        raise WorkloadError(f"unknown workload {name!r}; built-in workloads: {', '.join(WORKLOADS)}, or file:PATH")
-    params = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise WorkloadError(f"workload {spec!r}: parameter {item!r} is not key=value")
-        params[key] = int(value) if value.lstrip("-").isdigit() else value
-    return name, params
 
 
 @lru_cache(maxsize=64)

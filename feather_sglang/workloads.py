@@ -35,6 +35,10 @@ no-sharing      32 requests of 440 distinct tokens,          control: nothing sh
                 output 16
 =============== ============================================ ================================
 
+``SPECS`` names two parameter sets of ``gsp``: ``feather-8x100-p400`` and ``batchllm-half``, the
+shapes of feather-8x100 and batchllm until stop 13 (:func:`parse_spec` reads them and the
+``NAME:key=value,...`` form).
+
 A workload file is JSON Lines, one request per line::
 
     {"id": "r1", "prompt": "text ...", "max_new_tokens": 16, "arrival_s": 0.5}
@@ -236,6 +240,35 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
     "multilevel": multilevel,
     "no-sharing": no_sharing,
 }
+
+
+# Named parameter sets of the built-ins ("NAME:key=value,..."): the shapes feather-8x100 and
+# batchllm had until stop 13, on which the shipped RL agents were trained and evaluated and the
+# A/B tool's older results were run. The one place they are written (Makefile, RL, tests).
+SPECS: dict[str, str] = {
+    "feather-8x100-p400": "gsp:groups=8,prompts_per_group=8,prefix_len=400,question_len=24,output_len=16",
+    "batchllm-half": "gsp:groups=4,prompts_per_group=8,prefix_len=1000,question_len=100,output_len=16",
+}
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """A workload spec as ``(name, params)``: ``NAME`` (a built-in), a name in :data:`SPECS`,
+    ``NAME:key=value,key=value`` (generator parameters, e.g. ``gsp:groups=8,prefix_len=400``)
+    or ``file:PATH`` (``("file", {"path": PATH})``). :class:`WorkloadError` names what is wrong."""
+    spec = SPECS.get(spec, spec)
+    if spec.startswith("file:"):
+        return "file", {"path": spec[len("file:"):]}
+    name, _, rest = spec.partition(":")
+    if name not in WORKLOADS:
+        raise WorkloadError(f"unknown workload {name!r}; built-in workloads: {', '.join(WORKLOADS)}; "
+                            f"named shapes: {', '.join(SPECS)}; or NAME:key=value,... or file:PATH")
+    params = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise WorkloadError(f"workload {spec!r}: parameter {item!r} is not key=value")
+        params[key] = int(value) if value.lstrip("-").isdigit() else value
+    return name, params
 
 
 def build_workload(name: str, tokenizer, seed: int = 0, **params) -> Workload:

@@ -4,6 +4,8 @@ what each configuration gave.
     feather-ab --workload feather-8x100 --json results/ab/feather-8x100.json
     feather-ab --workload-file my.jsonl --mode online --request-rate 2
     feather-ab --workload gsp --gsp-groups 8 --policies fcfs,feather --backends feather
+    feather-ab --workload feather-8x100-p400            # a named shape (SPECS in workloads.py)
+    feather-ab --workload gsp:groups=8,prefix_len=400   # a built-in with other parameters
 
 Every configuration (schedule policy x attention backend, and feather's agents) gets a fresh
 SGLang with the same model, memory budget (``--max-total-tokens``, ``--max-running-requests``),
@@ -17,13 +19,14 @@ import argparse
 import datetime
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from feather_sglang.ab import report
 from feather_sglang.ab.metrics import compute, median_of
 from feather_sglang.ab.runner import ABConfig, Common, run_offline, run_online, scratch_dir
 from feather_sglang.tools.machine import describe as describe_machine
-from feather_sglang.workloads import WORKLOADS, WorkloadError, build_workload, load_tokenizer, load_workload_file
+from feather_sglang.workloads import SPECS, WORKLOADS, WorkloadError, build_workload, load_tokenizer, load_workload_file, parse_spec
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct"
 BASELINE_POLICIES = ("fcfs", "lpm", "dfs-weight")
@@ -36,7 +39,9 @@ def _csv(text: str) -> list[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="feather-ab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", choices=list(WORKLOADS), help="a built-in workload (see feather_sglang/workloads.py)")
+    src.add_argument("--workload", metavar="SPEC",
+                     help=f"a built-in workload ({', '.join(WORKLOADS)}), a named shape ({', '.join(SPECS)}) or "
+                     "NAME:key=value,... (generator parameters; see feather_sglang/workloads.py)")
     src.add_argument("--workload-file", help="JSON Lines: {id, prompt|input_ids, max_new_tokens[, arrival_s, group]}")
     g = p.add_argument_group("gsp workload")
     g.add_argument("--gsp-groups", type=int, default=4)
@@ -86,6 +91,12 @@ def validate(args) -> tuple[list[ABConfig], list[str]]:
     for b in backends:
         if b not in ATTENTION_BACKEND_CHOICES:
             problems.append(f"--backends: unknown attention backend {b!r}; allowed: {', '.join(ATTENTION_BACKEND_CHOICES)}")
+    if args.workload:
+        try:
+            if parse_spec(args.workload)[0] == "file":
+                problems.append(f"--workload {args.workload!r}: give a workload file with --workload-file")
+        except WorkloadError as e:
+            problems.append(f"--workload: {e}")
     for a in agents:
         try:
             validate_agent(a)  # loads and checks a ppo:/dqn: file now, not after other runs
@@ -118,13 +129,16 @@ def load(args):
     tokenizer = load_tokenizer(args.model)
     if args.workload_file:
         workload = load_workload_file(args.workload_file, tokenizer, default_max_new_tokens=args.max_new_tokens)
-    elif args.workload == "gsp":
+    elif args.workload == "gsp":  # the bare name takes the --gsp-* options
         workload = build_workload("gsp", tokenizer, args.seed, groups=args.gsp_groups,
                                   prompts_per_group=args.gsp_prompts_per_group, prefix_len=args.gsp_prefix_len,
                                   question_len=args.gsp_question_len, output_len=args.gsp_output_len,
                                   shuffle=not args.gsp_ordered)
     else:
-        workload = build_workload(args.workload, tokenizer, args.seed)
+        name, params = parse_spec(args.workload)  # checked in validate()
+        workload = build_workload(name, tokenizer, args.seed, **params)
+        if args.workload in SPECS:  # reported (and its JSON named) by the shape's name
+            workload = replace(workload, name=args.workload)
     if args.max_new_tokens:
         workload = workload.with_max_new_tokens(args.max_new_tokens)
     if args.request_rate is not None:

@@ -8,11 +8,13 @@ import os
 import pytest
 
 from feather_sglang.workloads import (
+    SPECS,
     WORKLOADS,
     WorkloadError,
     build_workload,
     load_tokenizer,
     load_workload_file,
+    parse_spec,
     write_workload_file,
 )
 from tests.conftest import TINY_MODEL
@@ -93,6 +95,25 @@ def test_unknown_workload_and_bad_parameters_say_what_is_allowed(tok):
         build_workload("gsp", tok, prefix_len=0)
     with pytest.raises(WorkloadError, match="workload 'batchllm'"):
         build_workload("batchllm", tok, groups=2)
+
+
+def test_specs_name_parameter_sets_and_parse_with_clear_errors(tok):
+    assert parse_spec("batchllm") == ("batchllm", {})
+    assert parse_spec("gsp:groups=8,prefix_len=400") == ("gsp", {"groups": 8, "prefix_len": 400})
+    assert parse_spec("file:a/b.jsonl") == ("file", {"path": "a/b.jsonl"})
+    name, params = parse_spec("feather-8x100-p400")
+    assert name == "gsp" and params == dict(groups=8, prompts_per_group=8, prefix_len=400,
+                                            question_len=24, output_len=16)
+    w = build_workload(name, tok, 0, **params)  # 8 groups of 8 requests over 400-token prefixes
+    assert len(w.requests) == 64 and len({r.group for r in w.requests}) == 8
+    assert all(len(r.input_ids) == 424 for r in w.requests)
+    half = build_workload(*parse_spec("batchllm-half")[:1], tok, 0, **parse_spec("batchllm-half")[1])
+    assert len(half.requests) == 32 and all(len(r.input_ids) == 1100 for r in half.requests)
+    assert set(SPECS) == {"feather-8x100-p400", "batchllm-half"}
+    with pytest.raises(WorkloadError, match="unknown workload 'nope'; .*named shapes: feather-8x100-p400"):
+        parse_spec("nope:groups=2")
+    with pytest.raises(WorkloadError, match="parameter 'groups' is not key=value"):
+        parse_spec("gsp:groups")
 
 
 def test_poisson_arrivals_are_seeded_and_increasing(tok):
