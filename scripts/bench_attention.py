@@ -22,7 +22,9 @@ sides are timed alternately, call by call, so a load change on the shared machin
 server, where the rest of the model runs in between). ``pre_flops`` (``prefix_flops_ms``) is a
 floor under any exact prefix-shared step in fp32: the prefix's two matrix products (``Q Kᵀ``
 and ``probs V``, ``4 B Hq P D`` FLOPs) at this core's fp32 GEMM peak (a 1024-cube ``torch.mm``,
-measured at the start); ``bound`` = torch_native / that floor.
+measured at the start); ``bound`` = torch_native / that floor. glibc's malloc thresholds are
+pinned first (``pin_malloc``), so that neither side's figure depends on page faults that come and
+go with what ran before in the process.
 
 Slot ids (``--layout``): ``scattered`` (default), every slot at random over the pool, the
 hardest case for reads; or ``allocator``, as SGLang's token allocator lays the batch out on a
@@ -42,6 +44,7 @@ loop, which attends all ``seq_len`` query rows and keeps the new ones).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -197,6 +200,24 @@ def run_split(repeats: int) -> list[dict]:
     return rows
 
 
+def pin_malloc() -> bool:
+    """Fix glibc malloc's thresholds for this process; False where that is not possible.
+
+    NOTE: glibc serves a block above its mmap threshold (128 KiB at start, raised as large blocks
+    are freed) with a fresh mmap, and trims the heap top beyond twice that threshold, so in some
+    process states torch_native's per-request gathers (1.6 MiB each at B16/P2048) page-fault on
+    every call (seen: ~1,150 minor faults and 12-20 ms a step instead of 9.8 ms, depending on
+    what had run before). Pinned (blocks up to 32 MiB from the heap, never trimmed), every side
+    runs fault-free, as in a long-running server, whatever ran before in this process.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's mallopt parameters
+        return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
+    except (OSError, AttributeError):
+        return False
+
+
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x)
 
@@ -334,6 +355,7 @@ def main(argv=None) -> int:
                      "(it must divide the 32 requests)")
 
     torch.set_num_threads(args.threads)
+    malloc_pinned = pin_malloc()
     if args.quick:
         batches, prefixes, dtypes, repeats = (4, 16), (512, 2048), (torch.float32,), 5
     else:
@@ -342,7 +364,8 @@ def main(argv=None) -> int:
     repeats = args.repeats or repeats
     batches, prefixes = args.batches or batches, args.prefixes or prefixes
     print(f"decode attention step, Hq={HQ} Hkv={HKV} D={HEAD_DIM}, suffix {SUFFIX}, "
-          f"{torch.get_num_threads()} threads; medians in ms")
+          f"{torch.get_num_threads()} threads; medians in ms"
+          + ("" if malloc_pinned else "; malloc thresholds not pinned (not glibc)"))
     print(f"{'dtype':>9} {'Hq/Hkv':>5} {'layout':>9} {'B':>4} {'P':>6} {'torch_native':>14} {'feather':>11} "
           f"{'speedup':>9} {'plan':>10} {'pre_flops':>10} {'bound':>9}")
     peak = fp32_gemm_peak_gflops()
@@ -409,7 +432,7 @@ def main(argv=None) -> int:
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"machine": _machine(), "rows": rows, "extend_rows": extend_rows,
+            json.dump({"machine": {**_machine(), "malloc_pinned": malloc_pinned}, "rows": rows, "extend_rows": extend_rows,
                        "split_rows": split_rows, "server": server, "summary": summary}, f, indent=2)
     return 0
 
