@@ -30,6 +30,7 @@ def test_bench_attention_json_shape(tmp_path):
     assert split[-1]["groups_found"] == [[16, 128]]  # 64-token documents: not worth a split
     summary = result["summary"]
     assert summary["speedup_b16_p2048"] > 0 and summary["speedup_bound_b16_p2048"] > 0
+    assert summary["speedup_bound_gemm_b16_p2048"] > 0
     assert summary["speedup_b64_p8192"] is None  # not in this grid
     assert summary["speedup_b16_p2048_reference_shape"] > 0
     assert summary["reference_shape"] == {"Hq": 8, "Hkv": 8, "head_dim": 64, "dtype": "float32"}
@@ -45,6 +46,7 @@ def test_bench_attention_json_shape(tmp_path):
         # the same answer from both sides, empty prefix (P=0: nothing shared) included
         assert r["max_abs_diff"] < (1e-5 if r["dtype"] == "float32" else 2e-2), r
         assert r["torch_native_ms"] > 0 and r["feather_ms"] > 0 and r["prefix_flops_ms"] >= 0
+        assert (r["prefix_gemm_ms"] > 0) == (r["P"] > 0), r  # the measured floor, none without a prefix
     assert "speedup" in run.stdout and "bound" in run.stdout
 
 
