@@ -23,8 +23,9 @@ server, where the rest of the model runs in between). ``pre_flops`` (``prefix_fl
 floor under any exact prefix-shared step in fp32: the prefix's two matrix products (``Q Kᵀ``
 and ``probs V``, ``4 B Hq P D`` FLOPs) at this core's fp32 GEMM peak (a 1024-cube ``torch.mm``,
 measured at the start); ``bound`` = torch_native / that floor. ``pre_gemm``
-(``prefix_gemm_ms``) is the tighter floor of the same two products at the rate torch's GEMM
-reaches for the cell's own shape (inner dimension 64), and the second ``bound`` torch_native / it. glibc's malloc thresholds are
+(``prefix_gemm_ms``) is the tighter floor of the same two products timed at the cell's own shape
+(inner dimension 64) in 512-key blocks, as a fused kernel runs them, and the second ``bound``
+torch_native / it. glibc's malloc thresholds are
 pinned first (``pin_malloc``), so that neither side's figure depends on page faults that come and
 go with what ran before in the process.
 
@@ -272,17 +273,35 @@ def prefix_flops_ms(B: int, P: int, hq: int, peak_gflops: float) -> float:
     return 4 * B * hq * P * HEAD_DIM / (peak_gflops * 1e9) * 1e3
 
 
+# The key block of the floor's products: torch's fused CPU attention op's own (kvSplitSize 512).
+GEMM_BLOCK = 512
+
+
 def prefix_gemm_ms(B: int, P: int, hq: int, hkv: int, repeats: int) -> float:
     """The prefix's two matrix products at the rate torch's fp32 GEMM reaches for this cell's
-    shape: twice the median time of ``Q Kᵀ`` (``[Hkv, B * Hq / Hkv, D] x [Hkv, D, P]``, operands
-    contiguous and warm; ``probs V`` has the same FLOPs). A tighter floor than ``prefix_flops_ms``:
-    with an inner dimension of only ``D`` = 64 the GEMM runs well below the 1024-cube peak."""
+    shape: ``Q Kᵀ`` (``[Hkv, B * Hq / Hkv, D] x [Hkv, D, P]``) and ``probs V``, each in blocks of
+    ``GEMM_BLOCK`` keys into a reused output, as a fused attention kernel runs them (the whole
+    ``[Hkv, M, P]`` score matrix never written out), operands warm. A tighter floor than
+    ``prefix_flops_ms``: with an inner dimension of only ``D`` = 64 the score product runs well
+    below the 1024-cube peak. What a fused step adds to it is the softmax's exponentials."""
     if B == 0 or P == 0:
         return 0.0  # no prefix, no floor
-    q = torch.randn(hkv, B * (hq // hkv), HEAD_DIM)
-    k = torch.randn(hkv, P, HEAD_DIM)
-    one, = _medians_ms(lambda: torch.matmul(q, k.transpose(1, 2)), repeats=repeats)
-    return 2 * one
+    M = B * (hq // hkv)
+    q, k, v = torch.randn(hkv, M, HEAD_DIM), torch.randn(hkv, P, HEAD_DIM), torch.randn(hkv, P, HEAD_DIM)
+    w = min(GEMM_BLOCK, P)
+    scores, probs, out = torch.empty(hkv, M, w), torch.randn(hkv, M, w), torch.empty(hkv, M, HEAD_DIM)
+
+    def products():
+        for a in range(0, P - w + 1, w):  # whole blocks; the remainder below
+            torch.matmul(q, k[:, a:a + w].transpose(1, 2), out=scores)
+            torch.matmul(probs, v[:, a:a + w], out=out)
+        rest = P % w
+        if rest:
+            torch.matmul(q, k[:, P - rest:].transpose(1, 2), out=scores[:, :, :rest])
+            torch.matmul(probs[:, :, :rest], v[:, P - rest:], out=out)
+
+    one, = _medians_ms(products, repeats=repeats)
+    return one
 
 
 def _ratio(a: float, b: float) -> str:
