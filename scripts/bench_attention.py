@@ -281,9 +281,12 @@ def prefix_gemm_ms(B: int, P: int, hq: int, hkv: int, repeats: int) -> float:
     """The prefix's two matrix products at the rate torch's fp32 GEMM reaches for this cell's
     shape: ``Q Kᵀ`` (``[Hkv, B * Hq / Hkv, D] x [Hkv, D, P]``) and ``probs V``, each in blocks of
     ``GEMM_BLOCK`` keys into a reused output, as a fused attention kernel runs them (the whole
-    ``[Hkv, M, P]`` score matrix never written out), operands warm. A tighter floor than
-    ``prefix_flops_ms``: with an inner dimension of only ``D`` = 64 the score product runs well
-    below the 1024-cube peak. What a fused step adds to it is the softmax's exponentials."""
+    ``[Hkv, M, P]`` score matrix never written out), operands warm: the floor of a step built
+    on torch's GEMM, measured at the cell's shape rather than taken from the 1024-cube peak
+    (``prefix_flops_ms``). What a fused step adds to it is the softmax's exponentials.
+
+    NOTE: not as whole products: ``Q Kᵀ`` then writes the full score matrix (19 MB at
+    B64/P8192) and, at 2 threads, took longer than torch's fused attention op itself."""
     if B == 0 or P == 0:
         return 0.0  # no prefix, no floor
     M = B * (hq // hkv)
