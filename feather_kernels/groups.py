@@ -156,6 +156,11 @@ def _common_lens(req_to_token: torch.Tensor, rows: torch.Tensor, gid: torch.Tens
 _SPLIT_MAX_READS = 0.5
 
 
+def _group_reads(seq_lens: torch.Tensor, idx: torch.Tensor, p: int) -> int:
+    """KV rows a group at prefix ``p`` reads: the prefix once, each member's tail once."""
+    return p + int((seq_lens[idx] - p).sum())
+
+
 def _split_deeper(req_to_token, rpi, seq_lens, idx, p, max_reads):
     """``idx`` (sorted batch indices) share ``p`` leading slots: ``(groups, reads, loners)`` of
     the cheaper of ``idx`` as one group at ``p`` and its split at slot ``p``, where the split
@@ -165,9 +170,8 @@ def _split_deeper(req_to_token, rpi, seq_lens, idx, p, max_reads):
     (``seq_len - prefix``); a loner reads its whole length. Split: each subset of >= 2 that
     agrees at slot ``p`` (split further where that pays, recursively), and the members left, a
     group at ``p`` if >= 2, else a loner."""
-    lens = seq_lens[idx]
-    whole = ([PrefixGroup(idx, p)], p + int((lens - p).sum()), [])
-    deeper = lens > p
+    whole = ([PrefixGroup(idx, p)], _group_reads(seq_lens, idx, p), [])
+    deeper = seq_lens[idx] > p
     if int(deeper.sum()) < 2:
         return whole
     col = min(p, req_to_token.shape[1] - 1)
@@ -192,7 +196,7 @@ def _split_deeper(req_to_token, rpi, seq_lens, idx, p, max_reads):
     rest = idx[~in_sub]
     if rest.numel() >= 2:
         groups.append(PrefixGroup(rest, p))
-        reads += p + int((seq_lens[rest] - p).sum())
+        reads += _group_reads(seq_lens, rest, p)
     elif rest.numel():
         loners.append(rest)
         reads += int(seq_lens[rest].sum())

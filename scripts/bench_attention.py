@@ -25,9 +25,8 @@ and ``probs V``, ``4 B Hq P D`` FLOPs) at this core's fp32 GEMM peak (a 1024-cub
 measured at the start); ``bound`` = torch_native / that floor. ``pre_gemm``
 (``prefix_gemm_ms``) is the tighter floor of the same two products timed at the cell's own shape
 (inner dimension 64) in 512-key blocks, as a fused kernel runs them, and the second ``bound``
-torch_native / it. glibc's malloc thresholds are
-pinned first (``pin_malloc``), so that neither side's figure depends on page faults that come and
-go with what ran before in the process.
+torch_native / it. glibc's malloc thresholds are pinned first (``pin_malloc``), so that neither
+side's figure depends on page faults that come and go with what ran before in the process.
 
 Slot ids (``--layout``): ``scattered`` (default), every slot at random over the pool, the
 hardest case for reads; or ``allocator``, as SGLang's token allocator lays the batch out on a
@@ -295,13 +294,10 @@ def prefix_gemm_ms(B: int, P: int, hq: int, hkv: int, repeats: int) -> float:
     scores, probs, out = torch.empty(hkv, M, w), torch.randn(hkv, M, w), torch.empty(hkv, M, HEAD_DIM)
 
     def products():
-        for a in range(0, P - w + 1, w):  # whole blocks; the remainder below
-            torch.matmul(q, k[:, a:a + w].transpose(1, 2), out=scores)
-            torch.matmul(probs, v[:, a:a + w], out=out)
-        rest = P % w
-        if rest:
-            torch.matmul(q, k[:, P - rest:].transpose(1, 2), out=scores[:, :, :rest])
-            torch.matmul(probs[:, :, :rest], v[:, P - rest:], out=out)
+        for a in range(0, P, w):
+            n = min(w, P - a)  # the last block may be shorter
+            torch.matmul(q, k[:, a:a + n].transpose(1, 2), out=scores[:, :, :n])
+            torch.matmul(probs[:, :, :n], v[:, a:a + n], out=out)
 
     one, = _medians_ms(products, repeats=repeats)
     return one
