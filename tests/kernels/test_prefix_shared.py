@@ -166,6 +166,35 @@ def test_cpu_paths_without_the_fused_flash_op(monkeypatch):
            torch.float32)
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_cpu_bfloat16_prefix_attended_in_either_dtype(native, monkeypatch):
+    # bfloat16 caches: the prefix in bfloat16 (hosts with AMX) or upcast to float32 (others);
+    # both paths run here whatever this host is
+    import feather_kernels.prefix_shared_cpu as cpu
+
+    monkeypatch.setattr(cpu, "_NATIVE_DTYPES", (torch.bfloat16,) if native else ())
+    assert cpu.prefix_dtype(torch.bfloat16) == (torch.bfloat16 if native else torch.float32)
+    assert cpu.prefix_dtype(torch.float32) == torch.float32
+    for layout in ("scattered", "allocator"):  # gathered, and read in place (runs >= 256)
+        batch = make_decode_batch([3, 2, 1], [300, 20, 0], [0, 5, 70, 1, 3, 9], 9, 3, 32,
+                                  dtype=torch.bfloat16, seed=5, layout=layout)
+        _close(prefix_shared_decode(*batch.args), decode_attention_reference(*batch.args),
+               torch.bfloat16)
+    ext = make_extend_batch([3, 1], [30, 0], [2, 0, 0, 0], [4, 1, 9, 6], 9, 3, 32,
+                            dtype=torch.bfloat16, seed=6)
+    _close(prefix_shared_extend(*ext.args), extend_attention_reference(*ext.args),
+           torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_extend_group_rows_not_back_to_back(dtype):
+    # a group of requests 0 and 2 (rows not adjacent: request 1 between them shares nothing)
+    ext = make_extend_batch([3], [30], [0, 3, 0], [4, 5, 6], 8, 2, 32, dtype=dtype, seed=3)
+    groups = [PrefixGroup(torch.tensor([2, 0]), 30), PrefixGroup(torch.tensor([1]), 0)]
+    _close(prefix_shared_extend(*ext.args, groups=groups), extend_attention_reference(*ext.args),
+           dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_path_allocator_layout_reads_runs_in_place(dtype):
     # SGLang's allocator gives a prefix prefilled at once consecutive slots: the plan attends
