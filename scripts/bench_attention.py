@@ -68,6 +68,7 @@ from feather_kernels import (  # noqa: E402
     prefix_shared_decode,
     prefix_shared_extend,
 )
+from feather_kernels.prefix_shared_cpu import prefix_dtype  # noqa: E402
 from feather_kernels.synthetic import LAYOUTS, make_decode_batch, make_extend_batch  # noqa: E402
 from feather_sglang.tools.machine import describe  # noqa: E402
 
@@ -250,7 +251,9 @@ def decode_cell(B: int, P: int, dtype=torch.float32, hq: int = HQ, hkv: int = HK
 
 
 def _machine() -> dict:
-    return {**describe(), "torch_threads": torch.get_num_threads()}
+    # the dtype feather's CPU path attends a bfloat16 cache's prefix in (bfloat16 on AMX hosts)
+    bf16_prefix = str(prefix_dtype(torch.bfloat16)).removeprefix("torch.")
+    return {**describe(), "torch_threads": torch.get_num_threads(), "bf16_prefix_dtype": bf16_prefix}
 
 
 def fp32_gemm_peak_gflops(repeats: int = 5) -> float:

@@ -27,13 +27,14 @@ def version(dist: str) -> str:
 
 
 def describe(*dists: str) -> dict:
-    """CPU, cores, architecture, GPU, bf16 instructions, Python, OpenMP threads and the versions
+    """CPU, cores, architecture, GPU, bf16 instructions, AMX, Python, OpenMP threads and the versions
     of sglang, torch and ``dists``."""
     from feather_sglang.cpu_runtime import cpu_flags, gpu_present
 
     return {
         "cpu": cpu_model(), "cores": os.cpu_count(), "arch": platform.machine(), "gpu": gpu_present(),
         "bf16_instructions": bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}),
+        "amx": "amx_bf16" in cpu_flags(),
         "python": platform.python_version(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "versions": {d: version(d) for d in ("sglang", "torch", *dists)},
     }

@@ -24,6 +24,7 @@ def test_bench_attention_json_shape(tmp_path):
     result = json.loads(out.read_text())
     assert {"machine", "rows", "extend_rows", "split_rows", "server", "summary"} <= result.keys()
     assert result["machine"]["malloc_pinned"]  # glibc here: no side pays page faults per call
+    assert result["machine"]["bf16_prefix_dtype"] == ("bfloat16" if result["machine"]["amx"] else "float32")
     # the finder splits the system prompt + document shapes into one group per document
     split = result["split_rows"]
     assert split[0]["groups_found"] == [[4, 728]] * 4 and split[0]["speedup"] > 0
