@@ -383,6 +383,10 @@ def main(argv=None) -> int:
     parser.add_argument("--server-groups", type=int, default=1,
                         help="system prompts the --server requests are spread over (must divide "
                              "32; default 1); with more, fcfs batches mix groups")
+    parser.add_argument("--server-prefix-repeat", type=int, default=40,
+                        help="times the system prompt's topic text is repeated (default 40: "
+                             "prompts of ~740 tokens sharing 728; 44: ~812 sharing 800, the size "
+                             "issue #4 names)")
     parser.add_argument("--server-dtypes", default="float32,bfloat16",
                         help="serving dtypes of the --server comparison, comma-separated (default: "
                              "float32, the stricter case, and bfloat16, what the CPU runtime serves "
@@ -394,6 +398,8 @@ def main(argv=None) -> int:
     unknown = [d for d in server_dtypes if d not in ("float32", "bfloat16", "float16")]
     if unknown or not server_dtypes:
         parser.error(f"--server-dtypes: {unknown or 'none given'}; allowed: float32, bfloat16, float16")
+    if args.server_prefix_repeat < 1:
+        parser.error(f"--server-prefix-repeat: {args.server_prefix_repeat}; must be >= 1")
     if args.server_groups < 1 or 32 % args.server_groups:
         parser.error(f"--server-groups: {args.server_groups}; allowed: 1, 2, 4, 8, 16 or 32 "
                      "(it must divide the 32 requests)")
@@ -468,7 +474,8 @@ def main(argv=None) -> int:
         for dtype in server_dtypes:
             print(f"server comparison on {args.server}, {dtype} ...", flush=True)
             server[dtype] = run_server_comparison(args.server, os.path.join(REPO, "results"), dtype=dtype,
-                                                  groups=args.server_groups)
+                                                  groups=args.server_groups,
+                                                  prefix_repeat=args.server_prefix_repeat)
             # float32 keeps the unsuffixed keys (the headline, as before); others get a suffix.
             suffix = "" if dtype == "float32" else f"_{dtype}"
             summary[f"server_speedup_total_time{suffix}"] = server[dtype]["speedup_total_time"]
