@@ -382,18 +382,6 @@ def _suffix_and_merge(
     return o
 
 
-def _attend_prefix(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``q`` ``[Hkv, M, D]`` (unscaled) against ``k``/``v`` ``[Hkv, P, D|Dv]`` (any strides),
-    all float32 or all of :func:`prefix_dtype`: ``o`` ``[Hkv, M, Dv]`` in their dtype and
-    float32 ``lse`` ``[Hkv, M]`` (possibly strided)."""
-    if _FLASH_CPU is not None and q.device.type == "cpu" and k.shape[-1] == v.shape[-1]:
-        o, lse = _FLASH_CPU(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=scale)[:2]
-        return o[0], lse[0]
-    return attend_with_lse(q, k, v, scale=scale)
-
-
 def _run_view(plan: DecodePlan, name: str, buffer: torch.Tensor, first: int,
               length: int) -> torch.Tensor:
     """Slots ``[first, first + length)`` of ``buffer`` ``[S, Hkv, D]`` as ``[Hkv, length, D]``
@@ -417,15 +405,15 @@ def _attend_group_prefix(
     if not part.runs or k_buffer.stride(-1) != 1 or v_buffer.stride(-1) != 1:
         k = _gather(plan, "k_pre", k_buffer, part.slots, dt).transpose(0, 1)  # [Hkv, P, D]
         v = _gather(plan, "v_pre", v_buffer, part.slots, dt).transpose(0, 1)  # [Hkv, P, Dv]
-        o, lse = _attend_prefix(q, k, v, scale)
+        o, lse = attend_with_lse(q, k, v, scale=scale)
         return o.float(), lse
-    pieces = [_attend_prefix(q, _run_view(plan, "k_run", k_buffer, a, n),
-                             _run_view(plan, "v_run", v_buffer, a, n), scale)
+    pieces = [attend_with_lse(q, _run_view(plan, "k_run", k_buffer, a, n),
+                              _run_view(plan, "v_run", v_buffer, a, n), scale=scale)
               for a, n in part.runs]
     if part.rest is not None:
-        pieces.append(_attend_prefix(q, _gather(plan, "k_pre", k_buffer, part.rest, dt).transpose(0, 1),
-                                     _gather(plan, "v_pre", v_buffer, part.rest, dt).transpose(0, 1),
-                                     scale))
+        pieces.append(attend_with_lse(q, _gather(plan, "k_pre", k_buffer, part.rest, dt).transpose(0, 1),
+                                      _gather(plan, "v_pre", v_buffer, part.rest, dt).transpose(0, 1),
+                                      scale=scale))
     if len(pieces) == 1:
         return pieces[0][0].float(), pieces[0][1]
     # NOTE: not merge_state: every piece has keys, so no -inf to guard, and this runs per layer
