@@ -1,4 +1,4 @@
-"""Prefix-shared decode attention over SGLang's KV pool layout.
+"""Prefix-shared decode and extend attention over SGLang's KV pool layout.
 
 Three implementations of the same operation, one file each:
 
@@ -10,10 +10,10 @@ Three implementations of the same operation, one file each:
   cached prefix): all the group's new tokens against the shared prefix at once, plus each
   request's own tokens causally.
 * :mod:`feather_kernels.prefix_shared_triton` - one Triton launch with horizontal fusion
-  (prefix programs and suffix programs) plus a small merge kernel. Imported lazily: importing
-  this package never imports triton.
-* :mod:`feather_kernels.dispatch` - which of the two decode paths runs (Triton on CUDA
-  tensors, torch elsewhere), with one plan per forward batch reused by every layer: what
+  (prefix programs and suffix programs) plus a small merge kernel; extend runs through it with
+  each new token as one query. Imported lazily: importing this package never imports triton.
+* :mod:`feather_kernels.dispatch` - which path runs (Triton on CUDA tensors, torch
+  elsewhere), with one plan per forward batch reused by every layer: what
   ``--attention-backend feather`` calls.
 
 The import name is ``feather_kernels``, not ``kernels``: sglang depends on a PyPI package
@@ -35,7 +35,7 @@ from feather_kernels.prefix_shared_extend_cpu import find_extend_groups, prefix_
 from feather_kernels.reference import decode_attention_reference, extend_attention_reference
 
 if TYPE_CHECKING:
-    from feather_kernels.prefix_shared_triton import prefix_shared_decode_triton
+    from feather_kernels.prefix_shared_triton import prefix_shared_decode_triton, prefix_shared_extend_triton
 
 __all__ = [
     "DecodePlan",
@@ -50,14 +50,15 @@ __all__ = [
     "prefix_shared_decode",
     "prefix_shared_extend",
     "prefix_shared_decode_triton",
+    "prefix_shared_extend_triton",
 ]
 
 
 def __getattr__(name: str) -> Any:
     # NOTE: the Triton module is imported on first use only, so that `import feather_kernels`
     # works without triton and TRITON_INTERPRET can still be set by whoever imports it first.
-    if name == "prefix_shared_decode_triton":
-        from feather_kernels.prefix_shared_triton import prefix_shared_decode_triton
+    if name in ("prefix_shared_decode_triton", "prefix_shared_extend_triton"):
+        from feather_kernels import prefix_shared_triton
 
-        return prefix_shared_decode_triton
+        return getattr(prefix_shared_triton, name)
     raise AttributeError(f"module 'feather_kernels' has no attribute {name!r}")

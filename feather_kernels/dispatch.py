@@ -1,9 +1,10 @@
-"""Which prefix-shared decode implementation runs, driven the way an attention backend drives
-it: one plan per forward batch (:func:`plan_decode_batch`), reused by every layer
-(:func:`run_decode`). The vectorised torch path on CPU tensors, the fused Triton kernel on
-CUDA tensors; ``FEATHER_ATTENTION_IMPL`` forces either (tests run the Triton path on CPU
-tensors under ``TRITON_INTERPRET=1``). Free of SGLang, so a GPU machine without SGLang can
-test it (``scripts/gpu_check.sh``).
+"""Which prefix-shared implementation runs, driven the way an attention backend drives it: one
+plan per forward batch (:func:`plan_decode_batch`, :func:`plan_extend_batch`), reused by every
+layer (:func:`run_decode`, :func:`run_extend`). The vectorised torch paths on CPU tensors, the
+fused Triton kernel on CUDA tensors (extend: each new token as one query of the decode launch,
+see :class:`feather_kernels.prefix_shared_triton.TritonExtendPlan`); ``FEATHER_ATTENTION_IMPL``
+forces either (tests run the Triton path on CPU tensors under ``TRITON_INTERPRET=1``). Free of
+SGLang, so a GPU machine without SGLang can test it (``scripts/gpu_check.sh``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from feather_kernels.groups import PrefixGroup, find_prefix_groups
 from feather_kernels.prefix_shared_cpu import plan_decode, prefix_shared_decode
+from feather_kernels.prefix_shared_extend_cpu import find_extend_groups, prefix_shared_extend
 
 # Forces the Triton decode kernel on any device ("triton") or the torch path ("torch");
 # unset: Triton on CUDA tensors, torch elsewhere. Tests run the Triton path on CPU tensors
@@ -65,3 +67,64 @@ def run_decode(plan, query, output, k_cache, v_cache, req_to_token, req_pool_ind
         return plan.run(query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale)
     return prefix_shared_decode(query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
                                 scale, out=output, plan=plan)
+
+
+@dataclass
+class TritonExtend:
+    """One extend batch's groups for the Triton launch; its plan (which needs the layer's head
+    counts) is built by the first layer and reused by the others."""
+
+    groups: list[PrefixGroup]
+    plan: Optional[object] = None
+
+    def run(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+            extend_prefix_lens, extend_seq_lens, scale):
+        from feather_kernels.prefix_shared_triton import plan_extend_triton, prefix_shared_extend_triton
+
+        if self.plan is None:
+            self.plan = plan_extend_triton(req_to_token, req_pool_indices, extend_prefix_lens,
+                                           extend_seq_lens, query.shape[1] // k_cache.shape[1],
+                                           self.groups)
+        return prefix_shared_extend_triton(query, k_cache, v_cache, req_to_token, req_pool_indices,
+                                           seq_lens, extend_prefix_lens, extend_seq_lens, scale,
+                                           out=output, plan=self.plan)
+
+
+def _shared_reads_dominate(groups, extend_prefix_lens, extend_seq_lens) -> bool:
+    """Whether the new tokens read at least as many keys in their groups' shared prefixes as in
+    their own parts (the Triton extend's own parts run one program per token, not as matrix
+    products)."""
+    pre = extend_prefix_lens.long().cpu()
+    ext = extend_seq_lens.long().cpu()
+    shared = torch.zeros_like(pre)
+    for g in groups:
+        shared[g.batch_indices.cpu().long()] = g.prefix_len
+    own = (ext * (pre - shared) + ext * (ext + 1) // 2).sum()
+    return bool((ext * shared).sum() >= own)
+
+
+def plan_extend_batch(req_to_token, req_pool_indices, extend_prefix_lens, extend_seq_lens):
+    """What the backend keeps for one extend batch: the groups (torch path), a
+    :class:`TritonExtend`, or None where nothing is shared (torch_native's loop).
+
+    NOTE: on the Triton path only where the shared prefixes are most of the keys read: its own
+    parts are one program per token. A rule of thumb, not measured on a GPU (none was lent).
+    """
+    groups = find_extend_groups(req_to_token, req_pool_indices, extend_prefix_lens)
+    if not any(g.prefix_len > 0 for g in groups):
+        return None
+    if decode_impl(req_to_token.device) == "triton":
+        if not _shared_reads_dominate(groups, extend_prefix_lens, extend_seq_lens):
+            return None
+        return TritonExtend(groups)
+    return groups
+
+
+def run_extend(plan, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+               extend_prefix_lens, extend_seq_lens, scale):
+    """One layer's extend attention into ``output`` with a plan from :func:`plan_extend_batch`."""
+    if isinstance(plan, TritonExtend):
+        return plan.run(query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                        extend_prefix_lens, extend_seq_lens, scale)
+    return prefix_shared_extend(query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                                extend_prefix_lens, extend_seq_lens, scale, groups=plan, out=output)

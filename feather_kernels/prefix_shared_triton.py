@@ -391,3 +391,107 @@ def prefix_shared_decode_triton(
         HEAD_DIM_V=Dv, BLOCK_H=max(16, triton.next_power_of_2(Hq)), BLOCK_DV=block_dv,
     )
     return out
+
+
+# --- extend (prefill on a cached prefix) --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TritonExtendPlan:
+    """An extend batch as a decode batch of its new tokens, for the same fused launch.
+
+    New token ``i`` of request ``b`` attends causally to keys ``[0, pre_b + i]`` of ``b``'s
+    ``req_to_token`` row: exactly a decode query with ``seq_len = pre_b + i + 1`` on that row.
+    So each new token is one pseudo-request of :func:`prefix_shared_decode_triton`: a group's
+    new tokens share its cached prefix (its prefix programs take them all as matrix products,
+    ``BLOCK_M_PREFIX`` rows per tile), and each token's own keys ``[P, pre_b + i]`` are its
+    suffix. ``req_pool_idx`` / ``seq_lens`` ``[T]`` int64: each token's row and key count.
+    """
+
+    req_pool_idx: torch.Tensor
+    seq_lens: torch.Tensor
+    decode: TritonPlan
+
+
+def plan_extend_triton(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    extend_prefix_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    gqa_group: int,
+    groups: list[PrefixGroup],
+) -> TritonExtendPlan:
+    """Build the :class:`TritonExtendPlan` of an extend batch.
+
+    Args: ``req_pool_indices``, ``extend_prefix_lens``, ``extend_seq_lens`` ``[B]`` int64;
+    ``groups`` covering each batch index once, each ``prefix_len`` at most every member's
+    ``extend_prefix_lens`` (:func:`feather_kernels.find_extend_groups`).
+
+    NOTE: the prefix is not split over programs (split-KV) here: a group's new tokens already
+    give ``tokens * gqa_group / BLOCK_M_PREFIX`` tiles, and one chunk keeps the partial outputs
+    at two per (token, head).
+    """
+    device = req_pool_indices.device
+    ext = extend_seq_lens.long()
+    B = int(ext.shape[0])
+    T = int(ext.sum())
+    batch_of_token = torch.repeat_interleave(torch.arange(B, device=device), ext)  # [T]
+    first = torch.cumsum(ext, 0) - ext  # each request's first token row
+    offset = torch.arange(T, device=device) - first[batch_of_token]
+    tok_rpi = req_pool_indices.long()[batch_of_token]
+    tok_seq = extend_prefix_lens.long()[batch_of_token] + offset + 1
+    token_groups, rest = [], []
+    for g in groups:
+        rows = torch.nonzero(torch.isin(batch_of_token, g.batch_indices.to(device))).flatten()
+        if rows.numel() == 0:
+            continue
+        (token_groups.append(PrefixGroup(rows, g.prefix_len)) if g.prefix_len > 0
+         else rest.append(rows))
+    if rest:
+        token_groups.append(PrefixGroup(torch.sort(torch.cat(rest)).values, 0))
+    longest = max([g.prefix_len for g in token_groups] + [1])
+    decode = plan_decode_triton(req_to_token, tok_rpi, tok_seq, gqa_group, token_groups,
+                                prefix_chunk=longest)
+    return TritonExtendPlan(tok_rpi, tok_seq, decode)
+
+
+def prefix_shared_extend_triton(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_prefix_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    scale: float,
+    groups: list[PrefixGroup] | None = None,
+    out: torch.Tensor | None = None,
+    plan: TritonExtendPlan | None = None,
+) -> torch.Tensor:
+    """Causal extend attention, each group's cached prefix read once per tile of its new
+    tokens, in the fused decode launch (see :class:`TritonExtendPlan`).
+
+    Args:
+        q: ``[T, Hq, D]``, ``T = sum(extend_seq_lens)``, request by request (SGLang's order).
+        k_buffer, v_buffer: ``[S, Hkv, D]`` / ``[S, Hkv, Dv]``, the new tokens' KV written.
+        req_to_token: ``[R, L]``; req_pool_indices, seq_lens, extend_prefix_lens,
+            extend_seq_lens: ``[B]`` int64, ``seq_lens = extend_prefix_lens + extend_seq_lens``
+            (the arguments of :func:`feather_kernels.prefix_shared_extend`).
+        scale: softmax scale.
+        groups: as :func:`plan_extend_triton` takes them (``None``: found here).
+        out: optional ``[T, Hq, Dv]`` in ``q.dtype``.
+        plan: from :func:`plan_extend_triton` (reuse it across layers).
+
+    Returns:
+        ``[T, Hq, Dv]`` in ``q.dtype``.
+    """
+    assert bool((seq_lens == extend_prefix_lens + extend_seq_lens).all()), "seq = prefix + extend"
+    if plan is None:
+        if groups is None:
+            groups = find_prefix_groups(req_to_token, req_pool_indices, extend_prefix_lens)
+        plan = plan_extend_triton(req_to_token, req_pool_indices, extend_prefix_lens,
+                                  extend_seq_lens, q.shape[1] // k_buffer.shape[1], groups)
+    assert q.shape[0] == plan.seq_lens.shape[0], "q rows must be the batch's new tokens"
+    return prefix_shared_decode_triton(q, k_buffer, v_buffer, req_to_token, plan.req_pool_idx,
+                                       plan.seq_lens, scale, out=out, plan=plan.decode)

@@ -100,7 +100,8 @@ def extend_attention_reference(
         k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [n, Hq, D]
         v = v_buffer[slots].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("thd,nhd->htn", q[start: start + ext].float(), k) * scale
-        allowed = torch.arange(n)[None, :] <= (pre + torch.arange(ext))[:, None]  # [ext, n]
+        pos = torch.arange(n, device=q.device)
+        allowed = pos[None, :] <= (pre + pos[:ext])[:, None]  # [ext, n]
         scores = scores.masked_fill(~allowed, float("-inf"))
         out[start: start + ext] = torch.einsum("htn,nhd->thd", torch.softmax(scores, -1), v)
         start += ext

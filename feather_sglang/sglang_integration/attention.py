@@ -1,15 +1,16 @@
-"""``--attention-backend feather``: torch_native with prefix-shared decode attention.
+"""``--attention-backend feather``: torch_native with prefix-shared decode and extend attention.
 
 Decode reads each group's shared prefix KV once for all the group's requests and merges it
 with each request's own suffix by log-sum-exp: on CPU tensors with the vectorised torch path
 (:mod:`feather_kernels.prefix_shared_cpu`), on CUDA tensors with the fused Triton kernel
 (:mod:`feather_kernels.prefix_shared_triton`). Extend (prefill over a cached prefix) attends
 each group's cached prefix once for all its new tokens, plus causally within each request's
-own tokens (:mod:`feather_kernels.prefix_shared_extend_cpu`, CPU only; on a GPU extend runs
-torch_native's code). Groups are found once per forward batch from the requests' leading KV
-slot ids (a radix-cache hit gives sharing requests the same slot ids) and reused by every
-layer. Cross-attention, sliding-window layers, and batches with nothing shared run
-torch_native's own code.
+own tokens, merged the same way: on CPU with :mod:`feather_kernels.prefix_shared_extend_cpu`,
+on CUDA with the same Triton launch, each new token one query (where the shared prefixes are
+most of the keys read; otherwise torch_native's code). Groups are found once per forward batch
+from the requests' leading KV slot ids (a radix-cache hit gives sharing requests the same slot
+ids) and reused by every layer (:mod:`feather_kernels.dispatch`). Cross-attention,
+sliding-window layers, and batches with nothing shared run torch_native's own code.
 
 NOTE: the Triton path has run under ``TRITON_INTERPRET=1`` only (no GPU was available to
 this project yet); ``scripts/gpu_check.sh`` tests it on a GPU.
@@ -22,8 +23,7 @@ import logging
 import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-from feather_kernels.dispatch import decode_impl, plan_decode_batch, run_decode
-from feather_kernels.prefix_shared_extend_cpu import find_extend_groups, prefix_shared_extend
+from feather_kernels.dispatch import decode_impl, plan_decode_batch, plan_extend_batch, run_decode, run_extend
 
 logger = logging.getLogger(__name__)
 BACKEND_NAME = "feather"
@@ -33,27 +33,22 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
     def __init__(self, model_runner) -> None:
         super().__init__(model_runner)
         self._decode_plan = None
-        self._extend_groups = None
+        self._extend_plan = None
         device = torch.device(self.device)  # set by TorchNativeAttnBackend
-        self._extend_shared = device.type == "cpu"
-        if self._extend_shared:
-            logger.info("feather attention backend: prefix-shared decode and extend (decode: %s path)",
-                        decode_impl(device))
-        else:
-            logger.info("feather attention backend: prefix-shared decode (%s path); extend runs "
-                        "torch_native's code", decode_impl(device))
+        logger.info("feather attention backend: prefix-shared decode and extend (%s path)",
+                    decode_impl(device))
 
     def init_forward_metadata(self, forward_batch) -> None:
         super().init_forward_metadata(forward_batch)
-        self._decode_plan = self._extend_groups = None
+        self._decode_plan = self._extend_plan = None
         if forward_batch.encoder_lens is not None:
             return
-        if (forward_batch.forward_mode.is_extend() and forward_batch.extend_prefix_lens is not None
-                and self._extend_shared):
-            groups = find_extend_groups(
-                self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, forward_batch.extend_prefix_lens
+        if forward_batch.forward_mode.is_extend() and forward_batch.extend_prefix_lens is not None:
+            # None when nothing is shared: torch_native's per-request path.
+            self._extend_plan = plan_extend_batch(
+                self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
+                forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
             )
-            self._extend_groups = groups if any(g.prefix_len > 0 for g in groups) else None
         elif forward_batch.forward_mode.is_decode():
             # None when nothing is shared: torch_native's per-request path.
             self._decode_plan = plan_decode_batch(
@@ -77,18 +72,16 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
     def _run_sdpa_forward_extend(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices,
                                  seq_lens, extend_prefix_lens, extend_seq_lens, encoder_lens=None, scaling=None,
                                  enable_gqa=False, causal=False, is_cross_attn=False, sliding_window_size=None):
-        groups = self._extend_groups
-        if groups is None or not causal or encoder_lens is not None or is_cross_attn or sliding_window_size is not None:
+        plan = self._extend_plan
+        if plan is None or not causal or encoder_lens is not None or is_cross_attn or sliding_window_size is not None:
             return super()._run_sdpa_forward_extend(
                 query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_prefix_lens,
                 extend_seq_lens, encoder_lens, scaling=scaling, enable_gqa=enable_gqa, causal=causal,
                 is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size,
             )
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        prefix_shared_extend(
-            query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_prefix_lens,
-            extend_seq_lens, scale, groups=groups, out=output,
-        )
+        run_extend(plan, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                   extend_prefix_lens, extend_seq_lens, scale)
         return output
 
 

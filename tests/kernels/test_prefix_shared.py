@@ -1,8 +1,9 @@
-"""Prefix-shared decode attention: CPU path and Triton kernel against the torch reference.
+"""Prefix-shared decode and extend attention: CPU paths and Triton kernel against the torch
+reference.
 
-The Triton kernel runs under ``TRITON_INTERPRET=1`` in ONE subprocess (the variable must be set
-before triton defines the kernels, and another test module may already have imported triton
-here); a GPU test runs it compiled when CUDA is present.
+The Triton kernel runs under ``TRITON_INTERPRET=1`` in two subprocesses, one for decode and one
+for extend (the variable must be set before triton defines the kernels, and another test module
+may already have imported triton here); GPU tests run it compiled when CUDA is present.
 """
 
 from __future__ import annotations
@@ -518,6 +519,83 @@ def test_triton_gpu_matches_reference(B, P, dtype):
     out = prefix_shared_decode_triton(*cuda)
     # fp32 dots run as tf32 on the GPU
     tol = dict(atol=5e-3, rtol=5e-3) if dtype == torch.float32 else TOL[dtype]
+    torch.testing.assert_close(out.cpu().float(), ref.float(), **tol)
+
+
+# --- Triton extend: each new token one query of the same launch ------------------------------
+
+# (group sizes, shared prefixes, private cached tokens, new tokens, Hq, Hkv, dtype): a lone
+# request with nothing cached, a group with ragged new tokens, groups beside requests that share
+# nothing (and private cached tokens past the shared prefix), a group past one prefix tile of
+# query rows (40 tokens x 4 heads > BLOCK_M_PREFIX).
+TRITON_EXTEND_CASES = [
+    ([1], [0], [0], [7], 4, 4, "float32"),
+    ([3], [17], [0, 0, 0], [1, 5, 12], 8, 2, "float16"),
+    ([4, 2, 1], [50, 0, 20], [2, 0, 5, 0, 0, 4, 0], [5, 10, 1, 3, 7, 5, 2], 9, 3, "bfloat16"),
+    ([2], [70], [0, 3], [40, 9], 8, 2, "float32"),
+]
+
+_TRITON_EXTEND_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    from feather_kernels import PrefixGroup, extend_attention_reference
+    from feather_kernels.prefix_shared_triton import prefix_shared_extend_triton
+    from feather_kernels.synthetic import make_extend_batch
+    results = []
+    for i, (sizes, prefixes, private, new, hq, hkv, dtype) in enumerate(json.loads(sys.argv[1])):
+        batch = make_extend_batch(sizes, prefixes, private, new, hq, hkv, 32,
+                                  dtype=getattr(torch, dtype), seed=i)
+        ref = extend_attention_reference(*batch.args).float()
+        found = prefix_shared_extend_triton(*batch.args)
+        given = prefix_shared_extend_triton(
+            *batch.args, groups=[PrefixGroup(torch.tensor(m), p) for m, p in batch.groups])
+        results.append({"dtype": found.dtype == batch.q.dtype, "found": found.float().tolist(),
+                        "given": given.float().tolist(), "ref": ref.tolist()})
+    print("RESULTS" + json.dumps(results))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def triton_extend_interpreted():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRITON_EXTEND_SCRIPT, json.dumps(TRITON_EXTEND_CASES)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS"))
+    return json.loads(line[len("RESULTS"):])
+
+
+@pytest.mark.parametrize("case", range(len(TRITON_EXTEND_CASES)))
+def test_triton_extend_interpreted_matches_reference(triton_extend_interpreted, case):
+    dtype = getattr(torch, TRITON_EXTEND_CASES[case][6])
+    r = triton_extend_interpreted[case]
+    assert r["dtype"], "output dtype must be q's dtype"
+    ref = torch.tensor(r["ref"])
+    tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else TOL[dtype]
+    for key in ("found", "given"):
+        torch.testing.assert_close(torch.tensor(r[key]), ref, **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_triton_extend_gpu_matches_reference(dtype):
+    from feather_kernels.prefix_shared_triton import prefix_shared_extend_triton
+
+    # the issue's shape, scaled: 31 requests extending over one cached 815-token prefix
+    batch = make_extend_batch([31], [815], [0] * 31, [48 + i for i in range(31)], 9, 3, 64,
+                              dtype=dtype, seed=5)
+    cuda = [t.cuda() if isinstance(t, torch.Tensor) else t for t in batch.args]
+    ref = extend_attention_reference(*batch.args)
+    out = prefix_shared_extend_triton(*cuda)
+    tol = dict(atol=5e-3, rtol=5e-3) if dtype == torch.float32 else TOL[dtype]  # tf32 dots
     torch.testing.assert_close(out.cpu().float(), ref.float(), **tol)
 
 
