@@ -90,34 +90,13 @@ class TritonExtend:
                                            out=output, plan=self.plan)
 
 
-def _shared_reads_dominate(groups, extend_prefix_lens, extend_seq_lens) -> bool:
-    """Whether the new tokens read at least as many keys in their groups' shared prefixes as in
-    their own parts (the Triton extend's own parts run one program per token, not as matrix
-    products)."""
-    pre = extend_prefix_lens.long().cpu()
-    ext = extend_seq_lens.long().cpu()
-    shared = torch.zeros_like(pre)
-    for g in groups:
-        shared[g.batch_indices.cpu().long()] = g.prefix_len
-    own = (ext * (pre - shared) + ext * (ext + 1) // 2).sum()
-    return bool((ext * shared).sum() >= own)
-
-
 def plan_extend_batch(req_to_token, req_pool_indices, extend_prefix_lens, extend_seq_lens):
     """What the backend keeps for one extend batch: the groups (torch path), a
-    :class:`TritonExtend`, or None where nothing is shared (torch_native's loop).
-
-    NOTE: on the Triton path only where the shared prefixes are most of the keys read: its own
-    parts are one program per token. A rule of thumb, not measured on a GPU (none was lent).
-    """
+    :class:`TritonExtend`, or None where nothing is shared (torch_native's loop)."""
     groups = find_extend_groups(req_to_token, req_pool_indices, extend_prefix_lens)
     if not any(g.prefix_len > 0 for g in groups):
         return None
-    if decode_impl(req_to_token.device) == "triton":
-        if not _shared_reads_dominate(groups, extend_prefix_lens, extend_seq_lens):
-            return None
-        return TritonExtend(groups)
-    return groups
+    return TritonExtend(groups) if decode_impl(req_to_token.device) == "triton" else groups
 
 
 def run_extend(plan, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,

@@ -1,13 +1,16 @@
-"""Prefix-shared decode attention as one horizontally fused Triton launch plus a merge kernel.
+"""Prefix-shared decode and extend attention as one horizontally fused Triton launch plus a merge kernel.
 
-Launch 1, ``_prefix_shared_fwd``, grid ``(n_prefix_tiles + B, Hkv)``:
+Launch 1, ``_prefix_shared_fwd``, grid ``(n_prefix_tiles + n_own_tiles, Hkv)``:
 
 * programs ``pid < n_prefix_tiles`` each take one tile of a group's shared prefix: up to
   ``BLOCK_M_PREFIX`` query rows (rows are (member, query head in the GQA group) pairs of the
   group's requests) against one chunk of the prefix KV, as ``tl.dot`` matrix products - the
   prefix KV is read once per tile, not once per request;
-* programs ``pid >= n_prefix_tiles`` each take one request's own suffix
-  ``[prefix_len, seq_len)`` for the ``Hq // Hkv`` query heads of one KV head.
+* programs ``pid >= n_prefix_tiles`` each take the own keys ``[prefix_len, seq_len)`` of a run
+  of consecutive queries on one ``req_to_token`` row, for the ``Hq // Hkv`` query heads of one
+  KV head: in decode one request (its suffix); in extend up to ``BLOCK_M_OWN // (Hq // Hkv)``
+  new tokens of one request, each row masked at its own ``seq_len`` (causal), so that these
+  are matrix products too.
 
 Each program writes a partial output normalised over its keys and its log-sum-exp into
 ``o_part[part]`` / ``lse_part[part]`` (part 0: suffix; part ``1 + i``: prefix chunk ``i``).
@@ -19,6 +22,7 @@ another, hence the separate merge launch rather than any waiting between program
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -33,17 +37,19 @@ from feather_kernels.groups import PrefixGroup, find_prefix_groups
 # groups still fill the GPU; each chunk adds one partial output per (request, head) to merge.
 PREFIX_CHUNK = 1024
 BLOCK_M_PREFIX = 64  # query rows (member x head) per prefix tile
+BLOCK_M_OWN = 64  # query rows (token x head) per own-keys tile of an extend
 BLOCK_N = 64  # keys per inner-loop step
 _SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 _TILE_FIELDS = 7  # member_start, group_size, row_start, kv_start, kv_end, pool_row, part
+_OWN_FIELDS = 2  # first query, number of queries (consecutive, on one req_to_token row)
 
 
 @triton.jit
 def _attend_tile(
     # pointers
     Q, K, V, ReqToToken, OPart, LsePart,
-    # this tile: per-row batch index / query head / validity, and the key range
-    b, head, row_ok, kvh, pool_row, kv_start, kv_end, part,
+    # this tile: per-row batch index / query head / validity / key end, and the key range
+    b, head, row_ok, row_kv_end, kvh, pool_row, kv_start, kv_end, part,
     # sizes
     scale_log2,
     # strides
@@ -60,7 +66,8 @@ def _attend_tile(
     DOT_FP32: tl.constexpr,
 ):
     """Online-softmax attention of BLOCK_M query rows over keys [kv_start, kv_end) of row
-    ``pool_row`` of req_to_token; writes the normalised partial output and natural-log LSE."""
+    ``pool_row`` of req_to_token, row ``i`` only up to ``row_kv_end[i]`` (<= kv_end); writes
+    the normalised partial output and natural-log LSE (-inf for a row with no key)."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_n = tl.arange(0, BLOCK_N)
@@ -93,11 +100,12 @@ def _attend_tile(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.dot(q, k) * scale_log2
-        s = tl.where(col_ok[None, :], s, float("-inf"))
-        # every step has >= 1 valid key, so m_new is finite
+        s = tl.where(cols[None, :] < row_kv_end[:, None], s, float("-inf"))
+        # a row may have no key yet (causal rows of an extend): subtract 0 there, not -inf
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_sub)
+        p = tl.exp2(s - m_sub[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if DOT_FP32:
@@ -120,7 +128,7 @@ def _attend_tile(
 @triton.jit
 def _prefix_shared_fwd(
     # pointers: inputs
-    Q, K, V, ReqToToken, ReqPoolIdx, SeqLens, PrefixLens, Members, Tiles,
+    Q, K, V, ReqToToken, ReqPoolIdx, SeqLens, PrefixLens, Members, Tiles, OwnTiles,
     # pointers: outputs
     OPart, LsePart,
     # sizes
@@ -156,7 +164,8 @@ def _prefix_shared_fwd(
         head = kvh * GQA_GROUP + rows % GQA_GROUP
         _attend_tile(
             Q, K, V, ReqToToken, OPart, LsePart,
-            b, head, row_ok, kvh, pool_row, kv_start, kv_end, part,
+            b, head, row_ok, tl.zeros([BLOCK_M_PREFIX], dtype=tl.int32) + kv_end, kvh, pool_row,
+            kv_start, kv_end, part,
             scale_log2,
             stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd,
             stride_vs, stride_vh, stride_vd, stride_rr, stride_rl,
@@ -164,18 +173,22 @@ def _prefix_shared_fwd(
             HEAD_DIM, HEAD_DIM_V, BLOCK_M_PREFIX, BLOCK_N, BLOCK_D, BLOCK_DV, DOT_FP32,
         )
     else:
-        # own suffix of one request: its GQA_GROUP query heads of KV head kvh
-        req = pid - n_prefix_tiles
+        # own keys of a run of queries on one req_to_token row (decode: one request's suffix;
+        # extend: consecutive new tokens of one request), their GQA_GROUP heads of KV head kvh
+        t = OwnTiles + (pid - n_prefix_tiles) * 2
+        first = tl.load(t + 0)
+        count = tl.load(t + 1)
         rows = tl.arange(0, BLOCK_M_SUFFIX)
-        row_ok = rows < GQA_GROUP
-        b = tl.zeros([BLOCK_M_SUFFIX], dtype=tl.int32) + req
-        head = kvh * GQA_GROUP + rows
-        pool_row = tl.load(ReqPoolIdx + req)
-        kv_start = tl.load(PrefixLens + req)
-        kv_end = tl.load(SeqLens + req)
+        row_ok = rows // GQA_GROUP < count
+        b = first + tl.where(row_ok, rows // GQA_GROUP, 0)
+        head = kvh * GQA_GROUP + rows % GQA_GROUP
+        pool_row = tl.load(ReqPoolIdx + first)
+        kv_start = tl.load(PrefixLens + first)  # one request: the same for every query
+        row_kv_end = tl.load(SeqLens + b, mask=row_ok, other=0)
+        kv_end = tl.max(row_kv_end, 0)
         _attend_tile(
             Q, K, V, ReqToToken, OPart, LsePart,
-            b, head, row_ok, kvh, pool_row, kv_start, kv_end, 0,
+            b, head, row_ok, row_kv_end, kvh, pool_row, kv_start, kv_end, 0,
             scale_log2,
             stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd,
             stride_vs, stride_vh, stride_vd, stride_rr, stride_rl,
@@ -235,9 +248,12 @@ class TritonPlan:
 
     ``members`` ``[sum G]`` int32 batch indices, group by group; ``tiles``
     ``[n_prefix_tiles, 7]`` int32 rows (member_start, group_size, row_start, kv_start, kv_end,
-    pool_row, part); ``prefix_lens`` ``[B]`` int32 (0 outside sharing groups); ``req_pool_idx``
-    and ``seq_lens`` ``[B]`` int32; ``n_parts`` = 1 (suffix) + the most prefix chunks of any
-    group. All tensors on the kernel's device.
+    pool_row, part); ``own_tiles`` ``[n_own_tiles, 2]`` int32 rows (first query, number of
+    queries): runs of consecutive queries on one ``req_to_token`` row with one ``prefix_lens``
+    (decode: one per request), ``block_m_own`` query rows per own tile (a power of two >=
+    queries x ``gqa_group``); ``prefix_lens`` ``[B]`` int32 (0 outside sharing groups);
+    ``req_pool_idx`` and ``seq_lens`` ``[B]`` int32; ``n_parts`` = 1 (suffix) + the most prefix
+    chunks of any group. All tensors on the kernel's device.
     """
 
     batch_size: int
@@ -249,6 +265,9 @@ class TritonPlan:
     seq_lens: torch.Tensor
     n_prefix_tiles: int
     n_parts: int
+    own_tiles: torch.Tensor
+    n_own_tiles: int
+    block_m_own: int
 
 
 def plan_decode_triton(
@@ -294,11 +313,13 @@ def plan_decode_triton(
     members_t = torch.cat(members) if members else torch.zeros(1, dtype=torch.int32)
     tiles_t = (torch.tensor(tiles, dtype=torch.int32) if tiles
                else torch.zeros(1, _TILE_FIELDS, dtype=torch.int32))
+    own = torch.stack([torch.arange(B, dtype=torch.int32), torch.ones(B, dtype=torch.int32)], 1)
     return TritonPlan(
         batch_size=B, gqa_group=gqa_group, members=members_t.to(device),
         tiles=tiles_t.reshape(-1, _TILE_FIELDS).to(device), prefix_lens=prefix_lens.to(device),
         req_pool_idx=req_pool_indices.to(torch.int32), seq_lens=seq_lens.to(torch.int32),
-        n_prefix_tiles=len(tiles), n_parts=1 + n_chunks_max,
+        n_prefix_tiles=len(tiles), n_parts=1 + n_chunks_max, own_tiles=own.to(device),
+        n_own_tiles=B, block_m_own=max(16, triton.next_power_of_2(gqa_group)),
     )
 
 
@@ -366,10 +387,10 @@ def prefix_shared_decode_triton(
     block_d = max(16, triton.next_power_of_2(D))
     block_dv = max(16, triton.next_power_of_2(Dv))
     dot_fp32 = _interpreting() or q.dtype == torch.float32
-    grid = (n_prefix_tiles + B, Hkv)
+    grid = (n_prefix_tiles + plan.n_own_tiles, Hkv)
     _prefix_shared_fwd[grid](
         q, k_buffer, v_buffer, req_to_token, plan.req_pool_idx, plan.seq_lens, plan.prefix_lens,
-        plan.members, plan.tiles,
+        plan.members, plan.tiles, plan.own_tiles,
         o_part, lse_part,
         n_prefix_tiles, scale * math.log2(math.e),
         q.stride(0), q.stride(1), q.stride(2),
@@ -379,7 +400,7 @@ def prefix_shared_decode_triton(
         o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3),
         lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
         GQA_GROUP=grp, HEAD_DIM=D, HEAD_DIM_V=Dv,
-        BLOCK_M_PREFIX=BLOCK_M_PREFIX, BLOCK_M_SUFFIX=max(16, triton.next_power_of_2(grp)),
+        BLOCK_M_PREFIX=BLOCK_M_PREFIX, BLOCK_M_SUFFIX=plan.block_m_own,
         BLOCK_N=BLOCK_N, BLOCK_D=block_d, BLOCK_DV=block_dv, DOT_FP32=dot_fp32,
     )
     _merge_parts[(B,)](
@@ -402,10 +423,12 @@ class TritonExtendPlan:
 
     New token ``i`` of request ``b`` attends causally to keys ``[0, pre_b + i]`` of ``b``'s
     ``req_to_token`` row: exactly a decode query with ``seq_len = pre_b + i + 1`` on that row.
-    So each new token is one pseudo-request of :func:`prefix_shared_decode_triton`: a group's
-    new tokens share its cached prefix (its prefix programs take them all as matrix products,
-    ``BLOCK_M_PREFIX`` rows per tile), and each token's own keys ``[P, pre_b + i]`` are its
-    suffix. ``req_pool_idx`` / ``seq_lens`` ``[T]`` int64: each token's row and key count.
+    So each new token is one query of :func:`prefix_shared_decode_triton`: a group's new tokens
+    share its cached prefix (its prefix programs take them all as matrix products,
+    ``BLOCK_M_PREFIX`` rows per tile), and the own keys ``[P, pre_b + i]`` of up to
+    ``BLOCK_M_OWN // gqa_group`` consecutive tokens of a request are one own tile (each row
+    masked at its own end: causal). ``req_pool_idx`` / ``seq_lens`` ``[T]`` int64: each token's
+    row and key count.
     """
 
     req_pool_idx: torch.Tensor
@@ -452,6 +475,14 @@ def plan_extend_triton(
     longest = max([g.prefix_len for g in token_groups] + [1])
     decode = plan_decode_triton(req_to_token, tok_rpi, tok_seq, gqa_group, token_groups,
                                 prefix_chunk=longest)
+    # Own tiles: each request's tokens in runs of up to `per_tile`.
+    block_m = max(BLOCK_M_OWN, triton.next_power_of_2(gqa_group))
+    per_tile = block_m // gqa_group
+    own = [(f, min(per_tile, f0 + e - f))
+           for f0, e in zip(first.tolist(), ext.tolist()) for f in range(f0, f0 + e, per_tile)]
+    own_t = torch.tensor(own, dtype=torch.int32).reshape(-1, _OWN_FIELDS)
+    decode = dataclasses.replace(decode, own_tiles=own_t.to(device), n_own_tiles=len(own),
+                                 block_m_own=block_m)
     return TritonExtendPlan(tok_rpi, tok_seq, decode)
 
 

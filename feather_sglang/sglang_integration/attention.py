@@ -6,11 +6,11 @@ with each request's own suffix by log-sum-exp: on CPU tensors with the vectorise
 (:mod:`feather_kernels.prefix_shared_triton`). Extend (prefill over a cached prefix) attends
 each group's cached prefix once for all its new tokens, plus causally within each request's
 own tokens, merged the same way: on CPU with :mod:`feather_kernels.prefix_shared_extend_cpu`,
-on CUDA with the same Triton launch, each new token one query (where the shared prefixes are
-most of the keys read; otherwise torch_native's code). Groups are found once per forward batch
-from the requests' leading KV slot ids (a radix-cache hit gives sharing requests the same slot
-ids) and reused by every layer (:mod:`feather_kernels.dispatch`). Cross-attention,
-sliding-window layers, and batches with nothing shared run torch_native's own code.
+on CUDA with the same Triton launch, each new token one query. Groups are found once per
+forward batch from the requests' leading KV slot ids (a radix-cache hit gives sharing requests
+the same slot ids) and reused by every layer (:mod:`feather_kernels.dispatch`).
+Cross-attention, sliding-window layers, and batches with nothing shared run torch_native's own
+code.
 
 NOTE: the Triton path has run under ``TRITON_INTERPRET=1`` only (no GPU was available to
 this project yet); ``scripts/gpu_check.sh`` tests it on a GPU.

@@ -526,13 +526,15 @@ def test_triton_gpu_matches_reference(B, P, dtype):
 
 # (group sizes, shared prefixes, private cached tokens, new tokens, Hq, Hkv, dtype): a lone
 # request with nothing cached, a group with ragged new tokens, groups beside requests that share
-# nothing (and private cached tokens past the shared prefix), a group past one prefix tile of
-# query rows (40 tokens x 4 heads > BLOCK_M_PREFIX).
+# nothing (and private cached tokens past the shared prefix), groups past one prefix tile and
+# one own tile of query rows (40 tokens x 4 heads > 64 rows; 50 x 3, where 3 heads do not
+# divide 64).
 TRITON_EXTEND_CASES = [
     ([1], [0], [0], [7], 4, 4, "float32"),
     ([3], [17], [0, 0, 0], [1, 5, 12], 8, 2, "float16"),
     ([4, 2, 1], [50, 0, 20], [2, 0, 5, 0, 0, 4, 0], [5, 10, 1, 3, 7, 5, 2], 9, 3, "bfloat16"),
     ([2], [70], [0, 3], [40, 9], 8, 2, "float32"),
+    ([2], [30], [0, 5], [50, 23], 9, 3, "float16"),
 ]
 
 _TRITON_EXTEND_SCRIPT = textwrap.dedent(
