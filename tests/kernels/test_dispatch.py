@@ -110,16 +110,18 @@ def test_nothing_shared_means_torch_natives_loop(monkeypatch):
     assert plan_decode_batch(batch.req_to_token, batch.req_pool_indices, batch.seq_lens) is None
 
 
-def test_triton_path_interpreted_plan_reused_by_layers():
+@pytest.mark.parametrize("script,kind", [("decode", "TritonDecode"), ("extend", "TritonExtend")])
+def test_triton_path_interpreted_plan_reused_by_layers(script, kind):
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", **{IMPL_ENV: "triton"},
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", _LAYERS_SCRIPT], cwd=REPO, env=env,
+    code = _LAYERS_SCRIPT if script == "decode" else _EXTEND_LAYERS_SCRIPT
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS"))
     layers = json.loads(line[len("RESULTS"):])
-    assert [r["kind"] for r in layers] == ["TritonDecode", "TritonDecode"]
+    assert [r["kind"] for r in layers] == [kind, kind]
     for r in layers:
         torch.testing.assert_close(torch.tensor(r["got"]), torch.tensor(r["ref"]), atol=1e-4, rtol=1e-4)
 
@@ -179,20 +181,6 @@ def test_extend_impl_choice(monkeypatch):
     assert isinstance(plan, TritonExtend) and sorted(g.prefix_len for g in plan.groups) == [0, 40, 60]
     monkeypatch.setenv(IMPL_ENV, "torch")
     assert isinstance(plan_extend_batch(*args), list)
-
-
-def test_extend_triton_path_interpreted_plan_reused_by_layers():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", **{IMPL_ENV: "triton"},
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", _EXTEND_LAYERS_SCRIPT], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS"))
-    layers = json.loads(line[len("RESULTS"):])
-    assert [r["kind"] for r in layers] == ["TritonExtend", "TritonExtend"]
-    for r in layers:
-        torch.testing.assert_close(torch.tensor(r["got"]), torch.tensor(r["ref"]), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.gpu

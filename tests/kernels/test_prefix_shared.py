@@ -479,13 +479,13 @@ _TRITON_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def triton_interpreted():
+def _run_interpreted(script: str, cases: list) -> list[dict]:
+    """``script`` run over ``cases`` under ``TRITON_INTERPRET=1`` in a subprocess: its results."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
-        [sys.executable, "-c", _TRITON_SCRIPT, json.dumps(TRITON_CASES)],
+        [sys.executable, "-c", script, json.dumps(cases)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -493,16 +493,25 @@ def triton_interpreted():
     return json.loads(line[len("RESULTS"):])
 
 
-@pytest.mark.parametrize("case", range(len(TRITON_CASES)))
-def test_triton_interpreted_matches_reference(triton_interpreted, case):
-    dtype = getattr(torch, TRITON_CASES[case][6])
-    r = triton_interpreted[case]
+def _check_interpreted(r: dict, dtype_name: str) -> None:
+    """One case's outputs (groups found and groups given) against the reference."""
+    dtype = getattr(torch, dtype_name)
     assert r["dtype"], "output dtype must be q's dtype"
     ref = torch.tensor(r["ref"])
     # the interpreter truncates fp32 -> bf16 on store: allow one more bf16 ulp
     tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else TOL[dtype]
     for key in ("found", "given"):
         torch.testing.assert_close(torch.tensor(r[key]), ref, **tol)
+
+
+@pytest.fixture(scope="module")
+def triton_interpreted():
+    return _run_interpreted(_TRITON_SCRIPT, TRITON_CASES)
+
+
+@pytest.mark.parametrize("case", range(len(TRITON_CASES)))
+def test_triton_interpreted_matches_reference(triton_interpreted, case):
+    _check_interpreted(triton_interpreted[case], TRITON_CASES[case][6])
 
 
 @pytest.mark.gpu
@@ -562,27 +571,12 @@ _TRITON_EXTEND_SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def triton_extend_interpreted():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-c", _TRITON_EXTEND_SCRIPT, json.dumps(TRITON_EXTEND_CASES)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS"))
-    return json.loads(line[len("RESULTS"):])
+    return _run_interpreted(_TRITON_EXTEND_SCRIPT, TRITON_EXTEND_CASES)
 
 
 @pytest.mark.parametrize("case", range(len(TRITON_EXTEND_CASES)))
 def test_triton_extend_interpreted_matches_reference(triton_extend_interpreted, case):
-    dtype = getattr(torch, TRITON_EXTEND_CASES[case][6])
-    r = triton_extend_interpreted[case]
-    assert r["dtype"], "output dtype must be q's dtype"
-    ref = torch.tensor(r["ref"])
-    tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else TOL[dtype]
-    for key in ("found", "given"):
-        torch.testing.assert_close(torch.tensor(r[key]), ref, **tol)
+    _check_interpreted(triton_extend_interpreted[case], TRITON_EXTEND_CASES[case][6])
 
 
 @pytest.mark.gpu
