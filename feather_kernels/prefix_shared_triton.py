@@ -22,7 +22,6 @@ another, hence the separate merge launch rather than any waiting between program
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -277,12 +276,16 @@ def plan_decode_triton(
     gqa_group: int,
     groups: list[PrefixGroup] | None = None,
     prefix_chunk: int = PREFIX_CHUNK,
+    own_runs: list[tuple[int, int]] | None = None,
+    block_m_own: int | None = None,
 ) -> TritonPlan:
     """Build the :class:`TritonPlan` (host-side tables, one copy to the device).
 
     Args: ``req_to_token`` ``[R, L]``, ``req_pool_indices`` ``[B]`` int64, ``seq_lens`` ``[B]``
     int64, ``gqa_group`` = Hq // Hkv, ``groups`` covering each batch index once (``None``:
-    :func:`find_prefix_groups`), ``prefix_chunk`` keys of a prefix per program (split-KV).
+    :func:`find_prefix_groups`), ``prefix_chunk`` keys of a prefix per program (split-KV);
+    ``own_runs`` the own tiles as (first query, count), ``block_m_own`` their rows (``None``:
+    one tile per query, as in decode).
     """
     assert prefix_chunk >= 1 and gqa_group >= 1
     B = int(req_pool_indices.shape[0])
@@ -313,13 +316,17 @@ def plan_decode_triton(
     members_t = torch.cat(members) if members else torch.zeros(1, dtype=torch.int32)
     tiles_t = (torch.tensor(tiles, dtype=torch.int32) if tiles
                else torch.zeros(1, _TILE_FIELDS, dtype=torch.int32))
-    own = torch.stack([torch.arange(B, dtype=torch.int32), torch.ones(B, dtype=torch.int32)], 1)
+    if own_runs is None:  # decode: each request its own tile
+        own = torch.stack([torch.arange(B, dtype=torch.int32), torch.ones(B, dtype=torch.int32)], 1)
+    else:
+        own = torch.tensor(own_runs, dtype=torch.int32).reshape(-1, _OWN_FIELDS)
     return TritonPlan(
         batch_size=B, gqa_group=gqa_group, members=members_t.to(device),
         tiles=tiles_t.reshape(-1, _TILE_FIELDS).to(device), prefix_lens=prefix_lens.to(device),
         req_pool_idx=req_pool_indices.to(torch.int32), seq_lens=seq_lens.to(torch.int32),
         n_prefix_tiles=len(tiles), n_parts=1 + n_chunks_max, own_tiles=own.to(device),
-        n_own_tiles=B, block_m_own=max(16, triton.next_power_of_2(gqa_group)),
+        n_own_tiles=int(own.shape[0]),
+        block_m_own=block_m_own or max(16, triton.next_power_of_2(gqa_group)),
     )
 
 
@@ -472,17 +479,14 @@ def plan_extend_triton(
          else rest.append(rows))
     if rest:
         token_groups.append(PrefixGroup(torch.sort(torch.cat(rest)).values, 0))
-    longest = max([g.prefix_len for g in token_groups] + [1])
-    decode = plan_decode_triton(req_to_token, tok_rpi, tok_seq, gqa_group, token_groups,
-                                prefix_chunk=longest)
     # Own tiles: each request's tokens in runs of up to `per_tile`.
     block_m = max(BLOCK_M_OWN, triton.next_power_of_2(gqa_group))
     per_tile = block_m // gqa_group
     own = [(f, min(per_tile, f0 + e - f))
            for f0, e in zip(first.tolist(), ext.tolist()) for f in range(f0, f0 + e, per_tile)]
-    own_t = torch.tensor(own, dtype=torch.int32).reshape(-1, _OWN_FIELDS)
-    decode = dataclasses.replace(decode, own_tiles=own_t.to(device), n_own_tiles=len(own),
-                                 block_m_own=block_m)
+    longest = max([g.prefix_len for g in token_groups] + [1])
+    decode = plan_decode_triton(req_to_token, tok_rpi, tok_seq, gqa_group, token_groups,
+                                prefix_chunk=longest, own_runs=own, block_m_own=block_m)
     return TritonExtendPlan(tok_rpi, tok_seq, decode)
 
 
