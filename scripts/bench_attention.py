@@ -387,6 +387,11 @@ def main(argv=None) -> int:
                         help="times the system prompt's topic text is repeated (default 40: "
                              "prompts of ~740 tokens sharing 728; 44: ~812 sharing 800, the size "
                              "issue #4 names)")
+    parser.add_argument("--server-rounds", type=int, default=2,
+                        help="fresh servers per backend, interleaved (default 2)")
+    parser.add_argument("--server-repeats", type=int, default=2,
+                        help="runs of the batch per server, its cache flushed before each (default 2); "
+                             "medians are over rounds x repeats runs per backend")
     parser.add_argument("--server-dtypes", default="float32,bfloat16",
                         help="serving dtypes of the --server comparison, comma-separated (default: "
                              "float32, the stricter case, and bfloat16, what the CPU runtime serves "
@@ -400,6 +405,9 @@ def main(argv=None) -> int:
         parser.error(f"--server-dtypes: {unknown or 'none given'}; allowed: float32, bfloat16, float16")
     if args.server_prefix_repeat < 1:
         parser.error(f"--server-prefix-repeat: {args.server_prefix_repeat}; must be >= 1")
+    for flag, value in (("--server-rounds", args.server_rounds), ("--server-repeats", args.server_repeats)):
+        if value < 1:
+            parser.error(f"{flag}: {value}; must be >= 1")
     if args.server_groups < 1 or 32 % args.server_groups:
         parser.error(f"--server-groups: {args.server_groups}; allowed: 1, 2, 4, 8, 16 or 32 "
                      "(it must divide the 32 requests)")
@@ -475,7 +483,8 @@ def main(argv=None) -> int:
             print(f"server comparison on {args.server}, {dtype} ...", flush=True)
             server[dtype] = run_server_comparison(args.server, os.path.join(REPO, "results"), dtype=dtype,
                                                   groups=args.server_groups,
-                                                  prefix_repeat=args.server_prefix_repeat)
+                                                  prefix_repeat=args.server_prefix_repeat,
+                                                  rounds=args.server_rounds, repeats=args.server_repeats)
             # float32 keeps the unsuffixed keys (the headline, as before); others get a suffix.
             suffix = "" if dtype == "float32" else f"_{dtype}"
             summary[f"server_speedup_total_time{suffix}"] = server[dtype]["speedup_total_time"]

@@ -8,17 +8,26 @@ import tempfile
 import time
 from pathlib import Path
 
+import requests as http
+
 
 def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: int = 32,
                           prefix_repeat: int = 40, max_new_tokens: int = 32, policy: str = "fcfs",
-                          dtype: str = "float32", groups: int = 1) -> dict:
-    """Total time of ``requests`` greedy requests sharing one ~740-token system prompt (a fresh,
-    warmed-up server: the first request computes the prefix), per backend, split by the batch
-    trace into extend, decode and attention time; outputs must agree. ``groups`` > 1 splits the
+                          dtype: str = "float32", groups: int = 1, repeats: int = 2) -> dict:
+    """Total time of ``requests`` greedy requests sharing one ~740-token system prompt (a
+    warmed-up server with an empty cache: the first request computes the prefix), per backend,
+    split by the batch trace into extend, decode and attention time; outputs must agree.
+
+    Each of ``rounds`` (backends interleaved) starts a fresh server per backend and runs the
+    batch ``repeats`` times on it, the radix cache flushed before each (``/flush_cache``: the
+    same cold-prefix work every time), so the medians are over ``rounds * repeats`` runs: one
+    run's total varies by up to ~30% on this shared 2-core machine. ``groups`` > 1 splits the
     requests over that many system prompts (of ~700-800 tokens, all starting "You are a"),
     arriving shuffled, so that the policy's batches mix groups."""
     if groups < 1 or requests % groups:
         raise ValueError(f"groups must be >= 1 and divide requests ({requests}), got {groups}")
+    if rounds < 1 or repeats < 1:
+        raise ValueError(f"rounds and repeats must be >= 1, got {rounds} and {repeats}")
     from feather_sglang.sglang_integration.trace import ENV, read_trace, time_split
     from feather_sglang.tools.server import SGLangServer
     from feather_sglang.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
@@ -27,6 +36,7 @@ def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: 
     times: dict[str, list[float]] = {"feather": [], "torch_native": []}
     parts: dict[str, list[dict]] = {b: [] for b in times}
     outputs = {}
+    problems: list[str] = []
     trace_dir = Path(tempfile.mkdtemp(prefix="feather-attn-e2e-"))
     for r in range(rounds):
         for backend in times:
@@ -34,24 +44,34 @@ def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: 
             log_path = Path(log_dir) / f"attention-{backend}-{dtype}.log"
             trace_path = trace_dir / f"{backend}-{dtype}-{r}.jsonl"
             with SGLangServer(model, policy, args, log_path=log_path, env={ENV: str(trace_path)}) as server:
-                start = time.monotonic()
-                outputs[backend] = generate_all(server.url, prompts, max_new_tokens)
-                times[backend].append(time.monotonic() - start)
-            # NOTE: the trace's "t" is time.monotonic() in the server, the same clock as ours
-            extend_s, decode_s, attention_s = time_split([e for e in read_trace(trace_path) if e["t"] >= start])
-            parts[backend].append({"extend_s": extend_s, "decode_s": decode_s, "attention_s": attention_s})
-            print(f"  round {r + 1}: {backend}: {times[backend][-1]:.1f} s (steps: extend {extend_s:.1f} s, "
-                  f"decode {decode_s:.1f} s; attention {attention_s:.1f} s of them)", flush=True)
+                for k in range(repeats):
+                    http.post(server.url + "/flush_cache", timeout=60).raise_for_status()
+                    start = time.monotonic()
+                    out = generate_all(server.url, prompts, max_new_tokens)
+                    end = time.monotonic()
+                    times[backend].append(end - start)
+                    if backend in outputs:  # every later run against this backend's first
+                        problems += [f"{backend} round {r + 1} run {k + 1} vs its first: {p}"
+                                     for p in compare_greedy(out, outputs[backend])]
+                    outputs.setdefault(backend, out)
+                    # NOTE: the trace's "t" is time.monotonic() in the server, the same clock as ours
+                    extend_s, decode_s, attention_s = time_split(
+                        [e for e in read_trace(trace_path) if start <= e["t"] <= end])
+                    parts[backend].append({"extend_s": extend_s, "decode_s": decode_s, "attention_s": attention_s})
+                    print(f"  round {r + 1}, run {k + 1}: {backend}: {times[backend][-1]:.1f} s (steps: extend "
+                          f"{extend_s:.1f} s, decode {decode_s:.1f} s; attention {attention_s:.1f} s of them)",
+                          flush=True)
+    problems += [f"feather vs torch_native: {p}" for p in compare_greedy(outputs["feather"], outputs["torch_native"])]
     med = {b: statistics.median(t) for b, t in times.items()}
     split = {b: {k: round(statistics.median(p[k] for p in ps), 3) for k in ps[0]} for b, ps in parts.items()}
     # What feather's backend could still gain: its total with every second of attention removed.
     floor = med["feather"] - split["feather"]["attention_s"]
     return {
         "model": model, "policy": policy, "dtype": dtype, "requests": requests, "groups": groups,
-        "max_new_tokens": max_new_tokens, "seconds": times, "median_s": med,
+        "max_new_tokens": max_new_tokens, "rounds": rounds, "repeats_per_server": repeats,
+        "seconds": times, "median_s": med,
         "speedup_total_time": round(med["torch_native"] / med["feather"], 2),
         "median_split_s": split,
         "speedup_bound_if_attention_were_free": round(med["torch_native"] / floor, 2) if floor > 0 else None,
-        "greedy_problems": compare_greedy(outputs["feather"], outputs["torch_native"]),
+        "greedy_problems": problems,
     }
-

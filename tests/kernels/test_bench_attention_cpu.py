@@ -70,7 +70,9 @@ def test_profile_attention_step_prints_the_breakdown():
 def test_bench_attention_rejects_bad_server_options_before_running():
     for flag, value, says in (("--server-groups", "3", "it must divide the 32 requests"),
                               ("--server-dtypes", "fp8", "allowed: float32, bfloat16, float16"),
-                              ("--server-prefix-repeat", "0", "must be >= 1")):
+                              ("--server-prefix-repeat", "0", "must be >= 1"),
+                              ("--server-repeats", "0", "--server-repeats: 0; must be >= 1"),
+                              ("--server-rounds", "-1", "--server-rounds: -1; must be >= 1")):
         run = subprocess.run(
             [sys.executable, str(REPO / "scripts" / "bench_attention.py"), "--server", flag, value],
             capture_output=True, text=True, timeout=120, cwd=REPO,
