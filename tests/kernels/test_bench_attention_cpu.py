@@ -79,3 +79,29 @@ def test_bench_attention_rejects_bad_server_options_before_running():
         )
         assert run.returncode == 2 and says in run.stderr, run.stderr[-2000:]
         assert "decode attention step" not in run.stdout  # nothing ran
+
+
+def test_bench_model_matmuls_counts_every_layer_weight(tmp_path):
+    """The floor of a decode step outside attention: every 2-D layer weight of the checkpoint
+    (7 per llama layer) and the tied LM head, timed per dtype; bad options say what is allowed."""
+    model = REPO / "models" / "tiny-llama"
+    config = json.loads((model / "config.json").read_text())
+    out = tmp_path / "mm.json"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_model_matmuls.py"), "--model", str(model),
+         "--batch", "3", "--repeats", "1", "--dtypes", "float32,bfloat16", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["dtype"] for r in rows] == ["float32", "bfloat16"]
+    for row in rows:
+        assert row["weights"] == 7 * config["num_hidden_layers"] and row["batch"] == 3
+        assert row["step_ms"] == round(row["layers_ms"] + row["lm_head_ms"], 2) and row["layers_ms"] > 0
+    assert rows[1]["weight_mb"] < rows[0]["weight_mb"]  # half the bytes in bf16
+    for flag, value, says in (("--dtypes", "int4", "allowed: float32, bfloat16, float16"),
+                              ("--batch", "0", "--batch: 0; must be >= 1"),
+                              ("--model", str(tmp_path), "no model.safetensors")):
+        bad = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_model_matmuls.py"), flag, value],
+                             capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert bad.returncode == 2 and says in bad.stderr, bad.stderr[-2000:]
