@@ -49,7 +49,6 @@ import argparse
 import ctypes
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -70,6 +69,7 @@ from feather_kernels import (  # noqa: E402
 )
 from feather_kernels.prefix_shared_cpu import prefix_dtype  # noqa: E402
 from feather_kernels.synthetic import LAYOUTS, make_decode_batch, make_extend_batch  # noqa: E402
+from feather_sglang.bench.timing import medians_ms  # noqa: E402
 from feather_sglang.tools.machine import describe  # noqa: E402
 
 HQ, HKV, HEAD_DIM = 9, 3, 64  # SmolLM2-135M-Instruct
@@ -143,7 +143,7 @@ def run_extend(dtypes, requests: int, prefix: int, new_tokens: int, repeats: int
                                   HQ, HKV, HEAD_DIM, dtype=dtype, seed=requests)
         groups = find_extend_groups(batch.req_to_token, batch.req_pool_indices,
                                     batch.extend_prefix_lens)
-        native, feather = _medians_ms(lambda: torch_native_extend(*batch.args),
+        native, feather = medians_ms(lambda: torch_native_extend(*batch.args),
                                       lambda: prefix_shared_extend(*batch.args, groups=groups),
                                       repeats=repeats)
         err = (prefix_shared_extend(*batch.args, groups=groups).float()
@@ -184,10 +184,10 @@ def run_split(repeats: int) -> list[dict]:
         step = [lambda plan=plan: prefix_shared_decode(*batch.args, plan=plan) for plan in plans]
         # NOTE: timed in pairs against one group: in a round of three, the call after another
         # plan's ran ~10% slower than the same plan elsewhere in the round (seen with equal plans).
-        t_found, t_one = _medians_ms(step[0], step[2], repeats=repeats)
+        t_found, t_one = medians_ms(step[0], step[2], repeats=repeats)
         same = [[g.batch_indices.tolist(), g.prefix_len] for g in any_saving] == \
             [[g.batch_indices.tolist(), g.prefix_len] for g in found]
-        t_any = t_found if same else _medians_ms(step[1], step[2], repeats=repeats)[0]
+        t_any = t_found if same else medians_ms(step[1], step[2], repeats=repeats)[0]
         times = (t_found, t_any, t_one)
         row = {"system": system, "document": doc, "documents": docs, "per_document": per,
                "groups_found": [[len(g.batch_indices), g.prefix_len] for g in found],
@@ -223,20 +223,6 @@ def pin_malloc() -> bool:
 
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x)
-
-
-def _medians_ms(*fns, repeats: int) -> tuple[float, ...]:
-    """Medians (ms) of each of ``fns``, timed alternately call by call, so that a load change
-    on a shared machine hits every side alike rather than one of them."""
-    for fn in fns:  # warm-up
-        fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, t in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            t.append((time.perf_counter() - t0) * 1e3)
-    return tuple(statistics.median(t) for t in times)
 
 
 def decode_cell(B: int, P: int, dtype=torch.float32, hq: int = HQ, hkv: int = HKV,
@@ -302,7 +288,7 @@ def prefix_gemm_ms(B: int, P: int, hq: int, hkv: int, repeats: int) -> float:
             torch.matmul(q, k[:, a:a + n].transpose(1, 2), out=scores[:, :, :n])
             torch.matmul(probs[:, :, :n], v[:, a:a + n], out=out)
 
-    one, = _medians_ms(products, repeats=repeats)
+    one, = medians_ms(products, repeats=repeats)
     return one
 
 
@@ -319,10 +305,10 @@ def run(batches, prefixes, dtypes, repeats: int, peak_gflops: float, hq: int = H
                 batch, plan = decode_cell(B, P, dtype, hq, hkv, layout)
                 # fewer repeats where one torch_native step takes seconds
                 reps = max(3, repeats // (1 + B * P * hkv // (65536 * HKV)))
-                native, feather = _medians_ms(lambda: torch_native_decode(*batch.args),
+                native, feather = medians_ms(lambda: torch_native_decode(*batch.args),
                                               lambda: prefix_shared_decode(*batch.args, plan=plan),
                                               repeats=reps)
-                find, = _medians_ms(lambda: plan_decode(
+                find, = medians_ms(lambda: plan_decode(
                     batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
                     find_prefix_groups(batch.req_to_token, batch.req_pool_indices,
                                        batch.seq_lens)), repeats=reps)

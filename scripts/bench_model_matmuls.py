@@ -16,25 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
 from safetensors.torch import load_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from feather_sglang.bench.timing import medians_ms  # noqa: E402
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up: oneDNN builds its kernels for the shapes
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 def weight_matmuls_ms(state: dict[str, torch.Tensor], batch: int, dtype: torch.dtype,
@@ -54,8 +47,8 @@ def weight_matmuls_ms(state: dict[str, torch.Tensor], batch: int, dtype: torch.d
             torch.nn.functional.linear(inputs[w.shape[1]], w)
 
     flops = 2 * batch * sum(w.numel() for w in layers)
-    layers_ms = round(_median_ms(layer_pass, repeats), 2)
-    head_ms = round(_median_ms(lambda: torch.nn.functional.linear(inputs[head.shape[1]], head), repeats), 2)
+    layers_ms, head_ms = (round(t, 2) for t in medians_ms(
+        layer_pass, lambda: torch.nn.functional.linear(inputs[head.shape[1]], head), repeats=repeats))
     return {"dtype": str(dtype).removeprefix("torch."), "batch": batch, "weights": len(layers),
             "weight_mb": round(sum(w.numel() * w.element_size() for w in layers + [head]) / 1e6, 1),
             "layers_ms": layers_ms, "lm_head_ms": head_ms,
