@@ -2,7 +2,7 @@
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup env models demo test test-fast bench-overhead bench-overhead-quick bench-attention bench-dtype clean-models help gpu-check ab ab-quick
+.PHONY: setup env models demo test test-fast bench-overhead bench-overhead-quick bench-attention bench-dtype clean-models help gpu-check ab ab-quick patch-check
 
 help:
 	@echo "make demo   - set up, then serve the default model with --schedule-policy feather and print throughput"
@@ -14,6 +14,7 @@ help:
 	@echo "make bench-attention - --attention-backend feather vs torch_native: kernel step and real server"
 	@echo "make ab     - feather-ab on every built-in workload and the example workload file (results/ab/)"
 	@echo "make ab-quick - feather-ab on the example workload file only (a few minutes)"
+	@echo "make patch-check [SGLANG_TREE=dir] - does patches/ apply to that sglang (default: .venv's)? changes nothing"
 
 setup: env models
 
@@ -74,6 +75,11 @@ bench-dtype: setup
 # On a machine with an NVIDIA GPU (no setup: a GPU host's python3 holds CUDA torch; .venv's is CPU)
 gpu-check:
 	bash scripts/gpu_check.sh
+
+# patches/: whether the fork patch applies to an sglang tree (the directory holding sglang/)
+SGLANG_TREE ?= $(shell $(PYTHON) -c "import os, sglang; print(os.path.dirname(os.path.dirname(sglang.__file__)))" 2>/dev/null)
+patch-check: setup
+	$(PYTHON) scripts/patch_sglang.py "$(SGLANG_TREE)" --check
 
 clean-models:
 	rm -rf models

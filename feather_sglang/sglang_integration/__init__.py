@@ -2,6 +2,8 @@
 
 Only hooks through SGLang's own plugin registry (``sglang.srt.plugins.hook_registry``);
 no file of the installed sglang is edited. Each hook names the upstream seam it uses.
+For a fork, ``patches/`` makes the same calls from SGLang's source at the same seams; a
+patched sglang says so (``sglang.srt.plugins.FEATHER_BUILT_IN``) and the hooks stand down.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def install_hooks() -> None:
     _installed = True
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from feather_sglang.sglang_integration import args, policy, trace
+    from feather_sglang.sglang_integration import args, policy
 
     try:
         import sglang
@@ -85,6 +87,12 @@ def install_hooks() -> None:
         pass
 
     reg = HookRegistry.register
+    if built_in_version() is not None:
+        # NOTE: installing the hooks too would run every seam twice (two planners per pass).
+        logger.info("feather is built into this sglang (patches/, %s): plugin hooks not installed",
+                    built_in_version())
+        _install_trace_hooks(reg)
+        return
     reg("sglang.srt.server_args.ServerArgs.add_cli_args", args.add_cli_args_after, HookType.AFTER)
     reg("sglang.srt.server_args.ServerArgs.from_cli_args", args.from_cli_args_after, HookType.AFTER)
     after_import("sglang.srt.entrypoints.engine", args.patch_engine)
@@ -106,6 +114,22 @@ def install_hooks() -> None:
     )
     reg(f"{_SCHED}.Scheduler.run_batch", policy.run_batch_around, HookType.AROUND)
     reg(f"{_SCHED}.Scheduler.on_idle", policy.on_idle_after, HookType.AFTER)
+    _install_trace_hooks(reg)
+
+
+def built_in_version():
+    """The sglang version ``patches/`` was written for, if this sglang was patched; else None."""
+    from sglang.srt import plugins
+
+    return getattr(plugins, "FEATHER_BUILT_IN", None)
+
+
+def _install_trace_hooks(reg) -> None:
+    """Per-step timing hooks, only when ``FEATHER_BATCH_TRACE`` asks for them."""
+    from sglang.srt.plugins.hook_registry import HookType
+
+    from feather_sglang.sglang_integration import trace
+
     if os.environ.get(trace.ENV):
         reg(f"{_SCHED}.Scheduler.get_next_batch_to_run", trace.get_next_batch_to_run_around, HookType.AROUND)
         # feather's backend inherits both from torch_native's, so one hook times either
