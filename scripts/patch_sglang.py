@@ -68,7 +68,12 @@ def state(target: Path) -> str:
         return "unapplied"
     if _patch(target, "--dry-run", "--reverse").returncode == 0:
         return "applied"
-    failed = [line for line in forward.stdout.splitlines() if "FAILED" in line or "failed" in line]
+    failed, current = [], "?"
+    for line in forward.stdout.splitlines():
+        if line.startswith("checking file "):
+            current = line.removeprefix("checking file ")
+        elif "FAILED" in line and line.startswith("Hunk"):
+            failed.append(f"{current}: {line}")
     raise PatchError(
         f"the patch does not apply to {target / 'sglang'} (sglang {sglang_version(target)}; "
         f"written for {WRITTEN_FOR}), and it is not applied there either; nothing was changed.\n  "

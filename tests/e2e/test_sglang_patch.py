@@ -91,6 +91,7 @@ def test_patch_refuses_to_half_apply_when_one_anchor_moved(tmp_path):
         assert result.returncode == 1, result.stdout
         assert "does not apply" in result.stderr and "nothing was changed" in result.stderr
         assert "written for 0.5.23" in result.stderr
+        assert re.search(r"sglang/srt/managers/scheduler\.py: Hunk #\d+ FAILED", result.stderr), result.stderr
     # every other hunk would have applied: none of them did
     assert _digests(fork, files) == before
 
