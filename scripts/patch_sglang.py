@@ -25,8 +25,12 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PATCH = REPO / "patches" / "sglang-0.5.23-feather.patch"
-WRITTEN_FOR = "0.5.23"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from feather_sglang.sglang_integration import SGLANG_VERSION as WRITTEN_FOR  # noqa: E402
+
+PATCH = REPO / "patches" / f"sglang-{WRITTEN_FOR}-feather.patch"
 
 
 class PatchError(RuntimeError):

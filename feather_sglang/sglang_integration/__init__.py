@@ -87,11 +87,11 @@ def install_hooks() -> None:
         pass
 
     reg = HookRegistry.register
-    if built_in_version() is not None:
+    built_in = built_in_version()
+    if built_in is not None:
         # NOTE: installing the hooks too would run every seam twice (two planners per pass).
-        logger.info("feather is built into this sglang (patches/, %s): plugin hooks not installed",
-                    built_in_version())
-        _install_trace_hooks(reg)
+        logger.info("feather is built into this sglang (patches/, %s): plugin hooks not installed", built_in)
+        _install_trace_hooks(reg, HookType)
         return
     reg("sglang.srt.server_args.ServerArgs.add_cli_args", args.add_cli_args_after, HookType.AFTER)
     reg("sglang.srt.server_args.ServerArgs.from_cli_args", args.from_cli_args_after, HookType.AFTER)
@@ -114,7 +114,7 @@ def install_hooks() -> None:
     )
     reg(f"{_SCHED}.Scheduler.run_batch", policy.run_batch_around, HookType.AROUND)
     reg(f"{_SCHED}.Scheduler.on_idle", policy.on_idle_after, HookType.AFTER)
-    _install_trace_hooks(reg)
+    _install_trace_hooks(reg, HookType)
 
 
 def built_in_version():
@@ -124,10 +124,8 @@ def built_in_version():
     return getattr(plugins, "FEATHER_BUILT_IN", None)
 
 
-def _install_trace_hooks(reg) -> None:
+def _install_trace_hooks(reg, HookType) -> None:
     """Per-step timing hooks, only when ``FEATHER_BATCH_TRACE`` asks for them."""
-    from sglang.srt.plugins.hook_registry import HookType
-
     from feather_sglang.sglang_integration import trace
 
     if os.environ.get(trace.ENV):
