@@ -41,6 +41,11 @@ the targets come from (8 query and 8 KV heads, head dim 64; rows with ``"shape":
 "reference"``); ``--quick``: B in {4, 16} x P in {512, 2048}, float32 only.
 ``--extend`` adds the issue's extend case (``prefix_shared_extend`` vs torch_native's extend
 loop, which attends all ``seq_len`` query rows and keeps the new ones).
+``--server`` adds the end-to-end comparison on a real server
+(:func:`feather_sglang.bench.attention_e2e.run_server_comparison`): total times, their split
+into extend, decode and attention from the batch trace, and two bounds on the ratio, with
+feather's attention free and with it taking only its own FLOPs (the prompts' shared prefix
+computed once) at the GEMM peak measured here at the servers' thread count and dtype.
 """
 
 from __future__ import annotations
@@ -242,9 +247,10 @@ def _machine() -> dict:
     return {**describe(), "torch_threads": torch.get_num_threads(), "bf16_prefix_dtype": bf16_prefix}
 
 
-def fp32_gemm_peak_gflops(repeats: int = 5) -> float:
-    """This core's float32 GEMM rate: a 1024-cube ``torch.mm``, best of ``repeats``."""
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+def gemm_peak_gflops(repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """The GEMM rate at torch's current thread count (one core by default here): a 1024-cube
+    ``torch.mm`` in ``dtype``, best of ``repeats``."""
+    a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):
@@ -252,6 +258,16 @@ def fp32_gemm_peak_gflops(repeats: int = 5) -> float:
         torch.mm(a, b)
         best = min(best, time.perf_counter() - t0)
     return 2 * 1024 ** 3 / best / 1e9
+
+
+def _print_server(result: dict) -> None:
+    med, split, peak = result["median_s"], result["median_split_s"], result["attention_at_gemm_peak"]
+    print(f"  medians: feather {med['feather']:.2f} s (attention {split['feather']['attention_s']:.2f} s), "
+          f"torch_native {med['torch_native']:.2f} s: {result['speedup_total_time']:.2f}x; "
+          f"bound with free attention {result['speedup_bound_if_attention_were_free']}x", flush=True)
+    print(f"  attention's own FLOPs (shared prefix once): {peak['attention_gflops']} GFLOP, "
+          f"{peak['attention_floor_s']:.2f} s at the servers' GEMM peak ({peak['gemm_peak_gflops']} GFLOPS); "
+          f"feather's attention at that floor would give {peak['speedup_bound']}x", flush=True)
 
 
 def prefix_flops_ms(B: int, P: int, hq: int, peak_gflops: float) -> float:
@@ -412,7 +428,7 @@ def main(argv=None) -> int:
           + ("" if malloc_pinned else "; malloc thresholds not pinned (not glibc)"))
     print(f"{'dtype':>9} {'Hq/Hkv':>5} {'layout':>9} {'B':>4} {'P':>6} {'torch_native':>14} {'feather':>11} "
           f"{'speedup':>9} {'plan':>10} {'pre_flops':>10} {'bound':>9} {'pre_gemm':>9} {'bound':>9}")
-    peak = fp32_gemm_peak_gflops()
+    peak = gemm_peak_gflops()
     rows = run(batches, prefixes, dtypes, repeats, peak, layout=args.layout)
     other, = (name for name in LAYOUTS if name != args.layout)
     if not args.quick:
@@ -466,17 +482,23 @@ def main(argv=None) -> int:
         torch.set_num_threads(os.cpu_count() or 1)  # the servers are separate processes anyway
         server = {}
         for dtype in server_dtypes:
+            # the servers' GEMM rate (their thread count, their dtype), for the attention floor
+            server_peak = gemm_peak_gflops(dtype=getattr(torch, dtype))
             print(f"server comparison on {args.server}, {dtype} ...", flush=True)
             server[dtype] = run_server_comparison(args.server, os.path.join(REPO, "results"), dtype=dtype,
                                                   groups=args.server_groups,
                                                   prefix_repeat=args.server_prefix_repeat,
-                                                  rounds=args.server_rounds, repeats=args.server_repeats)
+                                                  rounds=args.server_rounds, repeats=args.server_repeats,
+                                                  gemm_peak_gflops=server_peak)
+            _print_server(server[dtype])
             # float32 keeps the unsuffixed keys (the headline, as before); others get a suffix.
             suffix = "" if dtype == "float32" else f"_{dtype}"
             summary[f"server_speedup_total_time{suffix}"] = server[dtype]["speedup_total_time"]
             summary[f"server_greedy_outputs_equal{suffix}"] = not server[dtype]["greedy_problems"]
             summary[f"server_speedup_bound_if_attention_were_free{suffix}"] = \
                 server[dtype]["speedup_bound_if_attention_were_free"]
+            summary[f"server_speedup_bound_if_attention_at_gemm_peak{suffix}"] = \
+                server[dtype]["attention_at_gemm_peak"]["speedup_bound"]
     print(json.dumps(summary))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from bench_attention import (  # noqa: E402
-    HEAD_DIM, HKV, HQ, SUFFIX, decode_cell, fp32_gemm_peak_gflops, prefix_flops_ms,
+    HEAD_DIM, HKV, HQ, SUFFIX, decode_cell, gemm_peak_gflops, prefix_flops_ms,
 )
 from feather_kernels import prefix_shared_decode  # noqa: E402
 from feather_kernels.synthetic import LAYOUTS  # noqa: E402
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     per_call = {k: sum(e.self_cpu_time_total for e in events if e.key == k) / 1e3 / args.calls
                 for k in (FLASH, "aten::index_select")}
     total = sum(e.self_cpu_time_total for e in events) / 1e3 / args.calls
-    floor = prefix_flops_ms(B, P, HQ, fp32_gemm_peak_gflops())
+    floor = prefix_flops_ms(B, P, HQ, gemm_peak_gflops())
     print(f"per call: {total:.3f} ms in ops; prefix attention {per_call[FLASH]:.3f} ms "
           f"(its FLOPs at the fp32 GEMM peak: {floor:.3f} ms); KV gathers "
           f"{per_call['aten::index_select']:.3f} ms; the rest "
