@@ -65,8 +65,8 @@ def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: 
     arriving shuffled, so that the policy's batches mix groups.
 
     With ``gemm_peak_gflops`` (the GEMM rate in ``dtype`` at the servers' thread count) the
-    result also carries :func:`attention_floor` and the ratio feather would reach if its
-    attention took only that floor (``speedup_bound_if_attention_at_gemm_peak``)."""
+    result also carries :func:`attention_floor` under ``attention_at_gemm_peak``, with the ratio
+    feather would reach if its attention took only that floor (its ``speedup_bound``)."""
     if groups < 1 or requests % groups:
         raise ValueError(f"groups must be >= 1 and divide requests ({requests}), got {groups}")
     if rounds < 1 or repeats < 1:
