@@ -2,7 +2,7 @@
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup env models demo test test-fast bench-overhead bench-overhead-quick bench-attention bench-dtype clean-models help gpu-check ab ab-quick patch-check
+.PHONY: setup env models demo test test-fast bench-overhead bench-overhead-quick bench-attention bench-dtype clean-models help gpu-check ab ab-quick patch-check bench-serving
 
 help:
 	@echo "make demo   - set up, then serve the default model with --schedule-policy feather and print throughput"
@@ -10,6 +10,7 @@ help:
 	@echo "make test-fast - unit and SGLang-object tests only (no servers)"
 	@echo "make setup  - .venv/ and models/ only"
 	@echo "make bench-overhead[-quick] - scheduling cost per pass: feather vs SGLang's lpm / dfs-weight"
+	@echo "make bench-serving - sglang.bench_serving against fcfs/lpm/dfs-weight/feather x both backends (results/bench_serving/)"
 	@echo "make bench-dtype - which --dtype serves fastest on this CPU"
 	@echo "make bench-attention - --attention-backend feather vs torch_native: kernel step and real server"
 	@echo "make ab     - feather-ab on every built-in workload and the example workload file (results/ab/)"
@@ -68,6 +69,11 @@ ab: setup
 
 ab-quick: setup
 	.venv/bin/feather-ab --workload-file scripts/example_workload.jsonl --policies fcfs,lpm,feather --json results/ab/example-offline.json $(AB_ARGS)
+
+# SGLang's own client (python -m sglang.bench_serving) against one server per configuration
+BENCH_SERVING_ARGS ?= --workloads memory-ample,no-sharing,memory-bound --repeats 2
+bench-serving: setup
+	.venv/bin/feather-bench-serving --model models/SmolLM2-135M-Instruct $(BENCH_SERVING_ARGS)
 
 bench-dtype: setup
 	$(PYTHON) scripts/bench_dtype.py --json results/bench_dtype.json

@@ -10,7 +10,7 @@ from gymnasium import spaces
 
 from feather_sglang.agents.base import Action, AgentState
 from feather_sglang.agents.features import OBS_DIM, OBS_HIGH, OBS_LOW, observe
-from feather_sglang.cht import ChunkedHashTree
+from feather_sglang.cht import ChunkedHashTree, with_costs
 from feather_rl import workload_specs
 from feather_rl.executors.real import DEFAULT_MAX_TOTAL_TOKENS
 
@@ -157,11 +157,11 @@ class BatchFormationEnv(gym.Env):
                 self._admit(rid)
                 continue
             self._candidate = rid
-            self._state = AgentState(
+            self._state = with_costs(AgentState(
                 batch_size=len(self._batch), chunks_before=view.chunks_before, chunks_after=view.chunks_after,
                 waiting=view.waiting, queue_len=cht.num_waiting,
                 memory_headroom=max(0.0, 1.0 - self._used_tokens / self.kv_capacity_tokens),
-            )
+            ), cht, rid, view.deficit, self.max_batch - len(self._batch), self.kv_capacity_tokens - self._used_tokens)
             return
 
     def _new_tokens(self, rid: int, deficit: int) -> int:

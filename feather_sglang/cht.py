@@ -158,6 +158,10 @@ class ChunkedHashTree:
         self._next_arrival = 0
         self._next_heap_version = 0
         self._shared_chain: int | None = None  # cached shared-chain length
+        # Chunks the running batch attends to: each distinct key once (a prefix-shared backend
+        # reads a group's prefix once), and each running request's keys counted per request.
+        self.working_set_chunks = 0
+        self.running_chunks = 0
 
     @property
     def num_waiting(self) -> int:
@@ -269,6 +273,11 @@ class ChunkedHashTree:
         while len(node.waiting) < 2 and node.parent is not None:
             node = node.parent
         return node
+
+    def waiting_group_size(self, rid: Hashable) -> int:
+        """``len(waiting_group(rid))`` without building the set: O(nodes on its path)."""
+        node = self._deepest_shared_while_waiting(rid)
+        return 1 if node.parent is None else len(node.waiting)
 
     def num_chunks(self, rid: Hashable) -> int:
         """Number of keys (chunks, the last one possibly partial) of ``rid``."""
@@ -514,10 +523,13 @@ class ChunkedHashTree:
         chain = None
         everyone = len(self._running) if step > 0 else -1
         changed: set[_Request] | None = None
+        self.running_chunks += step * request.num_keys
         node = request.leaf
         while node.parent is not None:
             previous = node.running
             node.running = running = previous + step
+            if previous == 0 or running == 0:
+                self.working_set_chunks += step * (node.end - node.start)
             if chain is None and running == everyone:
                 chain = node.end
             if (previous == 0 or running == 0) and node.waiting:  # crossed zero
@@ -558,3 +570,19 @@ class ChunkedHashTree:
             ]
             heapq.heapify(live_entries)
             self._heap = live_entries
+
+
+def with_costs(state, cht: ChunkedHashTree, rid: Hashable, deficit: int, free_slots: int, kv_free: int):
+    """``state`` (an ``AgentState`` for waiting ``rid``) with what the candidate and the running
+    batch cost in tokens, as the CHT sees them (chunks x chunk size; see ``AgentState``)."""
+    chunk, chunks = cht.chunk_size, cht.num_chunks(rid)
+    return state._replace(
+        group_waiting=cht.waiting_group_size(rid),
+        new_tokens=min(deficit, chunks) * chunk,
+        own_tokens=(chunks - cht.waiting_shared_depth(rid)) * chunk,
+        prompt_tokens=chunks * chunk,
+        batch_unique_tokens=cht.working_set_chunks * chunk,
+        batch_tokens=cht.running_chunks * chunk,
+        free_slots=free_slots,
+        kv_free_tokens=kv_free,
+    )

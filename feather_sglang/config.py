@@ -92,9 +92,11 @@ class FeatherConfig:
         "Tokens per chunk of the chunked hash tree (>= 1). Prefix sharing is seen at this granularity.",
     )
     agent: str = _opt(
-        "static", _agent_name,
+        "throughput", _agent_name,
         "Stop/add agent deciding when to stop admitting mixed-prefix requests into the running batch: "
-        "static (the paper's rule), ucb (contextual bandit, learns online), qlearning (tabular, "
+        "throughput (admits while the batch's predicted decode throughput, from a step-time model "
+        "of this server's backend refined by its own step times, does not fall and the group's KV "
+        "fits), static (the paper's rule), ucb (contextual bandit, learns online), qlearning (tabular, "
         "learns online), ppo:PATH or dqn:PATH (a policy trained with feather-train).",
     )
     # The static rule (paper's heuristic): admit the first request; admit while the shared

@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from feather_sglang.agents import Action, AgentState, make_agent
-from feather_sglang.cht import ChunkedHashTree, RequestState
+from feather_sglang.cht import ChunkedHashTree, RequestState, with_costs
 from feather_sglang.config import FeatherConfig
 
 
@@ -196,6 +196,7 @@ class AdmissionPlanner:
         best_view, admit, decide, on_admit = cht.best_view, cht.admit, agent.decide, agent.on_admit
         chunk_size = config.chunk_size
         headroom = 1.0 if kv_free_tokens is None or not kv_capacity_tokens else None
+        costs = agent.wants_costs
         while True:
             if len(rids) >= max_new:
                 plan.stop_reason = "limit" if cht.num_waiting else "empty"
@@ -217,6 +218,9 @@ class AdmissionPlanner:
                 headroom if headroom is not None
                 else _headroom(kv_free_tokens, kv_capacity_tokens, planned_tokens),
             )
+            if costs:
+                state = with_costs(state, cht, rid, view.deficit, max_new - len(rids),
+                                   -1 if kv_free_tokens is None else max(kv_free_tokens - planned_tokens, 0))
             if decide(state) is Action.STOP:
                 plan.stop_reason = "agent"
                 break
@@ -230,6 +234,16 @@ class AdmissionPlanner:
                 plan.stop_reason = "prefix-leader"
                 break
         return self._finish_plan(plan, start)
+
+    def on_step(self, batch_size: int, seconds: float, decode: bool) -> None:
+        """A forward step of ``batch_size`` requests ran in ``seconds``; decode steps also
+        tell the agent what the batch attended to (the CHT's running set)."""
+        agent = self.agent
+        agent.on_step(batch_size, seconds)
+        if decode:
+            chunk = self.config.chunk_size
+            agent.on_decode_step(batch_size, self.cht.working_set_chunks * chunk,
+                                 self.cht.running_chunks * chunk, seconds)
 
     def _finish_plan(self, plan: Plan, start: float) -> Plan:
         self._pending = list(plan.rids)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from feather_sglang.agents.base import Action, AgentState, StopAddAgent
+from feather_sglang.agents.base import Action, AgentState, ServerShape, StopAddAgent
 from feather_sglang.agents.learned import DQNAgent, PolicyFileError, PPOAgent
 from feather_sglang.agents.qlearning import QLearningAgent
 from feather_sglang.agents.static import StaticRuleAgent
+from feather_sglang.agents.throughput import ThroughputAgent
 from feather_sglang.agents.ucb import UCBAgent
 
 if TYPE_CHECKING:
@@ -61,10 +62,10 @@ def make_agent(config: "FeatherConfig") -> StopAddAgent:
     return cls(config)
 
 
-for _cls in (StaticRuleAgent, UCBAgent, QLearningAgent, PPOAgent, DQNAgent):
+for _cls in (ThroughputAgent, StaticRuleAgent, UCBAgent, QLearningAgent, PPOAgent, DQNAgent):
     register_agent(_cls)
 
 __all__ = [
-    "Action", "AgentState", "StopAddAgent", "StaticRuleAgent", "UCBAgent", "QLearningAgent", "PPOAgent",
+    "Action", "AgentState", "ServerShape", "StopAddAgent", "ThroughputAgent", "StaticRuleAgent", "UCBAgent", "QLearningAgent", "PPOAgent",
     "DQNAgent", "PolicyFileError", "agent_choices", "agent_names", "make_agent", "register_agent", "validate_agent",
 ]

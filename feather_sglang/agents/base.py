@@ -31,6 +31,20 @@ class AgentState(NamedTuple):
     memory_headroom: fraction of the KV cache's token capacity still free with this pass's
                    earlier picks counted as used, in [0, 1] (1.0 where unknown).
 
+    What the batch and the candidate cost, in tokens (0 where unknown), for agents that
+    predict a step's time (:mod:`feather_sglang.agents.throughput`):
+
+    group_waiting: waiting requests sharing the candidate's deepest prefix shared with any
+                   other waiting request, the candidate included (1: it shares none).
+    new_tokens:    prompt tokens of the candidate that no running request holds.
+    own_tokens:    prompt tokens of the candidate beyond that shared prefix.
+    prompt_tokens: the candidate's prompt length.
+    batch_unique_tokens: prompt tokens of the batch, each shared chunk counted once.
+    batch_tokens:  prompt tokens of the batch, per request.
+    free_slots:    requests this pass may still admit, the candidate included.
+    kv_free_tokens: KV cache tokens free or evictable, this pass's earlier picks deducted
+                   (-1: unknown).
+
     NOTE: a NamedTuple (immutable, like the frozen dataclass it was) because the planner
     builds one per pick and a NamedTuple builds ~2.5x faster.
     """
@@ -41,6 +55,14 @@ class AgentState(NamedTuple):
     waiting: int
     queue_len: int
     memory_headroom: float = 1.0
+    group_waiting: int = 1
+    new_tokens: int = 0
+    own_tokens: int = 0
+    prompt_tokens: int = 0
+    batch_unique_tokens: int = 0
+    batch_tokens: int = 0
+    free_slots: int = 1
+    kv_free_tokens: int = -1
 
     @property
     def delta(self) -> int:
@@ -53,6 +75,15 @@ class AgentState(NamedTuple):
         return max(self.delta, 0)
 
 
+class ServerShape(NamedTuple):
+    """What of the server's configuration a batch's cost depends on."""
+
+    prefix_shared_attention: bool  # the attention backend reads a shared prefix once per group
+    max_running_requests: int
+    kv_capacity_tokens: int
+    dtype: str = "unknown"
+
+
 class StopAddAgent(ABC):
     """Decides, candidate by candidate, whether to keep admitting into the running batch.
 
@@ -63,6 +94,8 @@ class StopAddAgent(ABC):
     """
 
     name: ClassVar[str]
+    # True: the planner fills AgentState's token costs (three more O(path) walks per pick).
+    wants_costs: ClassVar[bool] = False
 
     def __init__(self, config: "FeatherConfig") -> None:
         self.config = config
@@ -78,6 +111,13 @@ class StopAddAgent(ABC):
 
     def on_step(self, batch_size: int, step_time_s: float) -> None:
         """One forward step of ``batch_size`` requests took ``step_time_s`` seconds."""
+
+    def on_decode_step(self, batch_size: int, unique_tokens: int, tokens: int, step_time_s: float) -> None:
+        """One decode step of ``batch_size`` requests over ``tokens`` prompt tokens
+        (``unique_tokens`` with shared chunks counted once) took ``step_time_s`` seconds."""
+
+    def bind_server(self, server: "ServerShape") -> None:
+        """The server this agent decides for (called once the scheduler is set up)."""
 
     # NOTE: a plan can be cut short by the scheduler (token budget, memory) after the agent
     # has seen its admissions; the planner then restores this checkpoint and replays

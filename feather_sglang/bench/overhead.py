@@ -71,6 +71,7 @@ from sglang.srt.runtime_context import publish, reset_context
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
+from feather_sglang.tools.machine import git_state
 from feather_sglang.chunk_hash import chunk_hashes
 from feather_sglang.config import FeatherConfig
 from feather_sglang.sglang_integration import policy as policy_mod
@@ -567,24 +568,8 @@ def machine_info(settings: Settings) -> dict:
         "tree_cache": classes[DEFAULT_CACHE] if DEFAULT_CACHE in classes else None,
         "tree_caches": classes,
         "default_tree_cache": DEFAULT_CACHE,
-        "git": _git_state(),
+        "git": git_state(),
     }
-
-
-def _git_state() -> dict:
-    """The commit measured and the files changed on top of it (None outside a checkout)."""
-    import subprocess
-
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        def git(*args):
-            return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
-                                  timeout=10, check=True).stdout
-        return {"commit": git("rev-parse", "HEAD").strip(),
-                "modified": sorted(set(git("diff", "--name-only", "HEAD").split())
-                                   | set(git("ls-files", "--others", "--exclude-standard").split()))}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "modified": None}
 
 
 def summarize(rows: list[dict], settings: Settings) -> dict:

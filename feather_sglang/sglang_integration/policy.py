@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Optional
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, SchedulePolicy
 from sglang.srt.mem_cache.common import match_kv_cache
 
+from feather_sglang.agents import ServerShape
 from feather_sglang.planner import AdmissionPlanner
+from feather_sglang.sglang_integration import ATTENTION_BACKEND_NAME
 from feather_sglang.sglang_integration.args import POLICY_NAME, feather_config_of
 from feather_sglang.sglang_integration import trace
 
@@ -98,6 +100,13 @@ class FeatherState:
                 "but requests of a group do not reuse each other's prefix KV (each computes "
                 "it again), and the prefix-leader step is off."
             )
+        server_args = scheduler.server_args
+        self.planner.agent.bind_server(ServerShape(
+            prefix_shared_attention=server_args.attention_backend == ATTENTION_BACKEND_NAME,
+            max_running_requests=int(getattr(scheduler, "max_running_requests", 0) or 0),
+            kv_capacity_tokens=int(getattr(scheduler, "max_total_num_tokens", 0) or 0),
+            dtype=str(server_args.dtype),
+        ))
         logger.info("feather schedule policy: %s", config.as_dict())
 
     # ---- events from the scheduler -------------------------------------------------------
@@ -222,7 +231,8 @@ class FeatherState:
             self.busy_seconds += started - self._last_step_start
         self._last_step_start = started
         self.steps += 1
-        self.planner.agent.on_step(batch.batch_size(), ended - started)
+        mode = getattr(batch, "forward_mode", None)
+        self.planner.on_step(batch.batch_size(), ended - started, bool(mode is not None and mode.is_decode()))
         if self.steps % max(self.scheduler.server_args.decode_log_interval, 1) == 0:
             self.log_stats()
 

@@ -38,3 +38,19 @@ def describe(*dists: str) -> dict:
         "python": platform.python_version(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "versions": {d: version(d) for d in ("sglang", "torch", *dists)},
     }
+
+
+def git_state() -> dict:
+    """The commit measured and the files changed on top of it (None outside a checkout)."""
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        def git(*args):
+            return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
+                                  timeout=10, check=True).stdout
+        return {"commit": git("rev-parse", "HEAD").strip(),
+                "modified": sorted(set(git("diff", "--name-only", "HEAD").split())
+                                   | set(git("ls-files", "--others", "--exclude-standard").split()))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "modified": None}

@@ -34,7 +34,7 @@ def test_help_lists_feather_and_its_options():
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--feather-agent", "nope"], "argument --feather-agent: --feather-agent: unknown agent 'nope'; allowed: dqn:PATH, ppo:PATH, qlearning, static, ucb"),
+        (["--feather-agent", "nope"], "argument --feather-agent: --feather-agent: unknown agent 'nope'; allowed: dqn:PATH, ppo:PATH, qlearning, static, throughput, ucb"),
         (["--feather-agent", "ppo:/nonexistent/agent.zip"], "--feather-agent: ppo:/nonexistent/agent.zip: no such file"),
         (["--feather-chunk-size", "0"], "--feather-chunk-size must be an integer >= 1, got 0"),
         (["--feather-max-wait-s", "-1"], "--feather-max-wait-s must be a number of seconds > 0"),

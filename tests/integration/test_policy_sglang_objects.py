@@ -124,10 +124,13 @@ class MiniScheduler:
         cache: str = "radix",
     ) -> None:
         self.server_args = ServerArgs(model_path="dummy", device="cpu", schedule_policy=policy)
-        if config is not None:
-            self.server_args._feather_config = config  # as the --feather-* flags attach it
+        # NOTE: the paper's static rule unless a test says otherwise: its decisions are known
+        # exactly from the chunk counts, which is what these tests of the seams check.
+        self.server_args._feather_config = config or FeatherConfig(agent="static")  # as --feather-* attach it
         self.page_size = 1
         self.allocator = TokenToKVPoolAllocator(pool_tokens, torch.float16, "cpu", None, False)
+        self.token_to_kv_pool_allocator = self.allocator  # the Scheduler's name for it
+        self.max_total_num_tokens = pool_tokens
         if cache == "radix":
             self.tree_cache = RadixCache(
                 CacheInitParams(
@@ -475,6 +478,24 @@ def starvation_scenario(config: FeatherConfig | None):
     for m in range(1, PER_GROUP):
         sched.add_request(make_req(f"g0-{m}", prompt(0, m)))
     return sched, sched.step()
+
+
+@pytest.mark.parametrize("pool_tokens, groups_admitted", [(1 << 16, GROUPS), (1_300, 1)])
+def test_default_agent_adds_other_groups_when_the_pool_holds_them(pool_tokens, groups_admitted):
+    """The throughput agent (the default) on SGLang's own pool, cache and adder: with room for
+    every group its second pass takes the rest of the leader's group and the next group's
+    leader; with a pool of 1,300 tokens (the leader's 460, its mates' 300, then ~1,000 for
+    another group's prefix and suffixes) it STOPs after the leader's group."""
+    sched = MiniScheduler("feather", config=FeatherConfig(), pool_tokens=pool_tokens)
+    leader, group = leader_cycle(sched, grouped_reqs())
+    second = sched.step()
+    assert group <= set(second.admitted)
+    if groups_admitted == 1:
+        assert set(second.admitted) == group
+        assert sched.feather.planner.stats.stops.get("agent") == 1
+    else:  # the group, then the next group's prefix leader
+        assert len({group_of(r) for r in second.admitted}) == 2
+        assert sched.feather.planner.stats.stops.get("prefix-leader") == 2
 
 
 def test_agent_alone_stops_before_the_other_group():

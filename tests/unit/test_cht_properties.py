@@ -114,6 +114,8 @@ def check_against_model(tree: ChunkedHashTree, model: BruteForceModel) -> None:
         assert tree.waiting_shared_depth(rid) == shared
         held = len(keys) - model.deficit(rid)  # leading levels the running batch holds
         assert tree.waiting_shared_beyond_running(rid) == (shared if shared > held else 0)
+        group = {other for other in waiting if shared and model.keys[other][:shared] == keys[:shared]}
+        assert tree.waiting_group_size(rid) == (len(group) if shared else 1)
     for rid in running:
         assert tree.state(rid) is RequestState.RUNNING
     assert tree.best() == model.best()
@@ -123,6 +125,8 @@ def check_against_model(tree: ChunkedHashTree, model: BruteForceModel) -> None:
     waiting_keys = [(level, key) for rid in waiting for level, key in enumerate(model.keys[rid])]
     assert footprint.requests == len(model.state)
     assert footprint.working_set_keys == len(model.working_set())
+    assert tree.working_set_chunks == len(model.working_set())
+    assert tree.running_chunks == sum(len(model.keys[rid]) for rid in running)
     assert footprint.reverse_index_keys == len(set(waiting_keys))
     assert footprint.reverse_index_holders == len(waiting_keys)
     assert footprint.levels == max((len(model.keys[rid]) for rid in model.state), default=0)

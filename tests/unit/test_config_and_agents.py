@@ -10,7 +10,7 @@ from feather_sglang.config import FeatherConfig, FeatherConfigError
 
 def test_defaults_are_the_papers_values():
     c = FeatherConfig()
-    assert (c.chunk_size, c.agent, c.static_max_loss, c.static_max_loss_crowded) == (50, "static", 5, 7)
+    assert (c.chunk_size, c.agent, c.static_max_loss, c.static_max_loss_crowded) == (50, "throughput", 5, 7)
     assert (c.static_crowd_threshold, c.static_floor_max, c.prefix_leader) == (10, 10, True)
 
 
@@ -20,7 +20,7 @@ def test_defaults_are_the_papers_values():
         ({"chunk_size": 0}, "--feather-chunk-size must be an integer >= 1, got 0"),
         ({"chunk_size": 2.5}, "--feather-chunk-size must be an integer >= 1, got 2.5"),
         ({"chunk_size": "x"}, "--feather-chunk-size must be an integer >= 1, got 'x'"),
-        ({"agent": "nope"}, "--feather-agent: unknown agent 'nope'; allowed: dqn:PATH, ppo:PATH, qlearning, static, ucb"),
+        ({"agent": "nope"}, "--feather-agent: unknown agent 'nope'; allowed: dqn:PATH, ppo:PATH, qlearning, static, throughput, ucb"),
         ({"max_wait_s": -1}, "--feather-max-wait-s must be a number of seconds > 0"),
         ({"max_wait_s": 0}, "--feather-max-wait-s must be a number of seconds > 0"),
         ({"max_wait_s": float("nan")}, "--feather-max-wait-s must be a number of seconds > 0"),
@@ -40,7 +40,7 @@ def test_from_prefixed_parses_strings_and_rejects_unknown_keys():
     c = FeatherConfig.from_prefixed(
         {"feather_chunk_size": "64", "feather_max_wait_s": "inf", "feather_prefix_leader": "false", "feather_agent": None}
     )
-    assert c.chunk_size == 64 and math.isinf(c.max_wait_s) and c.prefix_leader is False and c.agent == "static"
+    assert c.chunk_size == 64 and math.isinf(c.max_wait_s) and c.prefix_leader is False and c.agent == "throughput"
     with pytest.raises(FeatherConfigError, match="unknown feather option 'feather_chunksize'"):
         FeatherConfig.from_prefixed({"feather_chunksize": 3})
 
@@ -55,8 +55,9 @@ def _state(batch, before, after, waiting=0, queue=10):
 
 
 def test_static_rule():
-    agent = make_agent(FeatherConfig())
-    assert isinstance(agent, StaticRuleAgent) and agent_names() == ["dqn", "ppo", "qlearning", "static", "ucb"]
+    agent = make_agent(FeatherConfig(agent="static"))
+    assert isinstance(agent, StaticRuleAgent)
+    assert agent_names() == ["dqn", "ppo", "qlearning", "static", "throughput", "ucb"]
     assert agent.decide(_state(0, 0, 40)) is Action.ADD  # first request always
     assert agent.decide(_state(1, 9, 0)) is Action.ADD  # a lone request's chain is not shared
     assert agent.decide(_state(3, 20, 15)) is Action.ADD  # loss 5 <= 5
@@ -66,7 +67,7 @@ def test_static_rule():
 
 
 def test_static_floor_grows_with_homogeneous_admissions_and_resets():
-    agent = make_agent(FeatherConfig(static_floor_max=3))
+    agent = make_agent(FeatherConfig(agent="static", static_floor_max=3))
     assert agent.floor == 1
     for batch in (1, 2, 3, 4):
         agent.on_admit(_state(batch, 20, 20))  # loss 0: homogeneous

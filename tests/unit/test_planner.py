@@ -28,7 +28,8 @@ def clock():
 
 
 def planner_with(clock, **overrides):
-    return AdmissionPlanner(FeatherConfig(chunk_size=CHUNK, **overrides), clock=clock)
+    """A planner with the paper's static rule (these tests are about the planner's mechanics)."""
+    return AdmissionPlanner(FeatherConfig(chunk_size=CHUNK, **{"agent": "static", **overrides}), clock=clock)
 
 
 def arrive(planner, rids):

@@ -1,0 +1,183 @@
+"""``feather-bench-serving``: SGLang's own benchmark client against each configuration's server.
+
+For each workload, one ``python -m sglang.launch_server`` per schedule policy x attention backend
+is started (one at a time, settings left at their defaults but for the policy, the backend and
+what the workload itself sets), ``python -m sglang.bench_serving`` runs against it ``--repeats``
+times (cache flushed before each run), and the server is stopped. bench_serving's own JSONL
+lines are kept per run; the summary JSON holds the medians over repeats of bench_serving's
+metrics, same-backend ratios, ratios against the best torch_native configuration, and a greedy
+check of every configuration's outputs against the first one's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from feather_sglang.tools.machine import describe, git_state
+from feather_sglang.tools.server import SGLangServer
+
+STOCK_POLICIES = ("fcfs", "lpm", "dfs-weight")
+BACKENDS = ("torch_native", "feather")
+METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+           "median_itl_ms", "p99_itl_ms", "median_e2e_latency_ms", "duration")
+_GSP = ("--dataset-name", "generated-shared-prefix", "--gsp-question-len", "32", "--gsp-output-len", "32")
+
+# name -> (what it is, bench_serving arguments, server arguments)
+WORKLOADS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "memory-ample": (
+        "4 groups x 8 prompts sharing a 1,024-token system prompt, server defaults",
+        (*_GSP, "--gsp-num-groups", "4", "--gsp-prompts-per-group", "8", "--gsp-system-prompt-len", "1024",
+         "--num-prompts", "32"),
+        (),
+    ),
+    # 4 groups' prefixes plus their 16 requests' own tokens: 4 x (1024 + 16 x 64) = 8,192
+    "memory-bound": (
+        "32 groups x 16 prompts sharing 1,024-token prefixes, a KV pool of 8,192 tokens (~4 groups)",
+        (*_GSP, "--gsp-num-groups", "32", "--gsp-prompts-per-group", "16", "--gsp-system-prompt-len", "1024",
+         "--num-prompts", "512"),
+        ("--max-total-tokens", "8192"),
+    ),
+    "no-sharing": (
+        "128 prompts of 512 random token ids, 32 output tokens (nothing shared)",
+        ("--dataset-name", "random-ids", "--random-input-len", "512", "--random-output-len", "32",
+         "--random-range-ratio", "1.0", "--num-prompts", "128"),
+        (),
+    ),
+    "online": (
+        "memory-bound, requests arriving at --request-rate (Poisson)",
+        (*_GSP, "--gsp-num-groups", "32", "--gsp-prompts-per-group", "16", "--gsp-system-prompt-len", "1024",
+         "--num-prompts", "512", "--request-rate", "2"),
+        ("--max-total-tokens", "8192"),
+    ),
+}
+
+
+def run_config(model: str, policy: str, backend: str, workload: str, args, out_dir: Path) -> dict:
+    """Start one server, run bench_serving ``args.repeats`` times, stop it; the medians."""
+    _, bench_args, server_args = WORKLOADS[workload]
+    name = f"{policy}+{backend}"
+    jsonl = out_dir / f"{workload}.{name}.jsonl"
+    jsonl.unlink(missing_ok=True)
+    extra = ["--attention-backend", backend, *server_args, *shlex.split(args.server_args)]
+    if policy == "feather" and args.feather_args:
+        extra += shlex.split(args.feather_args)
+    with SGLangServer(model, schedule_policy=policy, extra_args=extra,
+                      log_path=out_dir / f"{workload}.{name}.server.log") as server:
+        for repeat in range(args.repeats):
+            command = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
+                       "--base-url", server.url, "--model", model, *bench_args, "--seed", str(args.seed),
+                       "--flush-cache", "--warmup-requests", "1", "--output-details",
+                       "--output-file", str(jsonl), *shlex.split(args.bench_args)]
+            print(f"[bench-serving] {workload} {name} run {repeat + 1}/{args.repeats}", flush=True)
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
+    runs = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    row = {"config": name, "policy": policy, "attention_backend": backend, "runs": len(runs),
+           "jsonl": str(jsonl), "server_args": extra}
+    for key in METRICS:
+        row[key] = statistics.median(r[key] for r in runs)
+    row["output_throughput_runs"] = [r["output_throughput"] for r in runs]
+    row["generated_texts"] = runs[0].get("generated_texts")
+    row["errors"] = sum(1 for r in runs for e in r.get("errors", []) if e)
+    return row
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Ratios of output throughput: feather against the best stock policy on the same backend
+    and everything against the best torch_native configuration; p99 TTFT against fcfs's."""
+    by = {(r["policy"], r["attention_backend"]): r for r in rows}
+    out = {}
+    native = [r for r in rows if r["attention_backend"] == "torch_native"]
+    best_native = max(native, key=lambda r: r["output_throughput"]) if native else None
+    ref = rows[0].get("generated_texts")
+    for r in rows:
+        b = r["attention_backend"]
+        stock = [by[(p, b)] for p in STOCK_POLICIES if (p, b) in by]
+        best = max(stock, key=lambda s: s["output_throughput"]) if stock else None
+        if best is not None:
+            r["vs_best_stock_same_backend"] = r["output_throughput"] / best["output_throughput"]
+            r["best_stock_same_backend"] = best["config"]
+        if best_native is not None:
+            r["vs_best_torch_native"] = r["output_throughput"] / best_native["output_throughput"]
+        if ("fcfs", b) in by:
+            r["p99_ttft_vs_fcfs"] = r["p99_ttft_ms"] / by[("fcfs", b)]["p99_ttft_ms"]
+        texts = r.pop("generated_texts", None)
+        r["outputs_differing_from_first_config"] = (
+            None if ref is None or texts is None else sum(a != b for a, b in zip(ref, texts)))
+    for (p, b), r in by.items():
+        if p == "feather":
+            out[f"feather+{b}_vs_best_stock_same_backend"] = r.get("vs_best_stock_same_backend")
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| config | output tok/s | vs best stock, same backend | vs best torch_native | "
+            "TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | p99 TTFT vs fcfs | outputs differing |")
+    lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
+
+    def f(v, fmt="{:.2f}x"):
+        return "-" if v is None else fmt.format(v)
+
+    for r in rows:
+        lines.append(
+            f"| {r['config']} | {r['output_throughput']:.1f} | {f(r.get('vs_best_stock_same_backend'))} | "
+            f"{f(r.get('vs_best_torch_native'))} | {r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | "
+            f"{r['median_tpot_ms']:.0f} / {r['p99_tpot_ms']:.0f} | {r['median_itl_ms']:.0f} / {r['p99_itl_ms']:.0f} | "
+            f"{f(r.get('p99_ttft_vs_fcfs'))} | {f(r['outputs_differing_from_first_config'], '{}')} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="feather-bench-serving", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="model path or id, as for sglang.launch_server")
+    p.add_argument("--workloads", default="memory-ample,no-sharing",
+                   help=f"comma-separated, from: {', '.join(WORKLOADS)} (default: %(default)s)")
+    p.add_argument("--policies", default="fcfs,lpm,dfs-weight,feather", help="default: %(default)s")
+    p.add_argument("--backends", default=",".join(BACKENDS), help="default: %(default)s")
+    p.add_argument("--repeats", type=int, default=2, help="bench_serving runs per server (default: 2)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--server-args", default="", help="extra flags for every server, e.g. '--dtype float32'")
+    p.add_argument("--feather-args", default="", help="extra flags for feather's servers, e.g. '--feather-agent static'")
+    p.add_argument("--bench-args", default="", help="extra flags for bench_serving, e.g. '--request-rate 4'")
+    p.add_argument("--out-dir", default="results/bench_serving", help="default: %(default)s")
+    p.add_argument("--quiet", action="store_true", help="hide bench_serving's own output")
+    args = p.parse_args(argv)
+    for field, allowed in (("workloads", WORKLOADS), ("policies", (*STOCK_POLICIES, "feather")),
+                           ("backends", BACKENDS)):
+        values = [v for v in getattr(args, field).split(",") if v]
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            p.error(f"--{field}: {', '.join(bad) or 'empty'} not allowed; choose from {', '.join(allowed)}")
+        setattr(args, field, values)
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for workload in args.workloads:
+        rows = [run_config(args.model, p, b, workload, args, out_dir) for b in args.backends for p in args.policies]
+        result = {
+            "workload": workload, "description": WORKLOADS[workload][0],
+            "bench_serving_args": list(WORKLOADS[workload][1]) + shlex.split(args.bench_args),
+            "model": args.model, "repeats": args.repeats, "seed": args.seed,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": describe(), "git": git_state(), "summary": summarize(rows), "rows": rows,
+        }
+        path = out_dir / f"{workload}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\n## {workload}: {WORKLOADS[workload][0]}\n\n{table(rows)}\n\nwritten: {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
