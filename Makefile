@@ -71,9 +71,10 @@ ab-quick: setup
 	.venv/bin/feather-ab --workload-file scripts/example_workload.jsonl --policies fcfs,lpm,feather --json results/ab/example-offline.json $(AB_ARGS)
 
 # SGLang's own client (python -m sglang.bench_serving) against one server per configuration
-BENCH_SERVING_ARGS ?= --workloads memory-ample,no-sharing,memory-bound --repeats 2
+BENCH_SERVING_ARGS ?= --workloads memory-ample,memory-bound-cpu,no-sharing-cpu --repeats 2
 bench-serving: setup
 	.venv/bin/feather-bench-serving --model models/SmolLM2-135M-Instruct $(BENCH_SERVING_ARGS)
+	.venv/bin/feather-bench-serving --report > docs/bench-serving.md
 
 bench-dtype: setup
 	$(PYTHON) scripts/bench_dtype.py --json results/bench_dtype.json

@@ -119,6 +119,10 @@ class StopAddAgent(ABC):
     def bind_server(self, server: "ServerShape") -> None:
         """The server this agent decides for (called once the scheduler is set up)."""
 
+    def describe(self) -> str:
+        """What the agent has learned so far, for the scheduler's periodic log line ('' if nothing)."""
+        return ""
+
     # NOTE: a plan can be cut short by the scheduler (token budget, memory) after the agent
     # has seen its admissions; the planner then restores this checkpoint and replays
     # ``on_admit`` for the admissions that really happened.

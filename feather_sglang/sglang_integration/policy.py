@@ -253,6 +253,9 @@ class FeatherState:
             1e3 * seconds / passes, share, passes, s.admitted, s.rolled_back, s.starved, s.stops,
             self.planner.num_waiting, self.planner.cht.num_running, self.resyncs, self.reindexes,
         )
+        learned = self.planner.agent.describe()
+        if learned:
+            logger.info("feather agent %s: %s", self.planner.agent.name, learned)
 
 
 def make_prefill_adder_class(state: FeatherState) -> type[PrefillAdder]:

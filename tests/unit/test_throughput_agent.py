@@ -79,3 +79,17 @@ def test_step_model_learns_measured_costs():
     for batch, tokens in ((1, 500), (8, 4000), (32, 10_000), (16, 2_000)):
         assert model.step_s(batch, tokens) == pytest.approx(true_step(batch, tokens), rel=0.1)
     assert StepTimeModel(prefix_shared=True).step_s(32, 10_000) != pytest.approx(true_step(32, 10_000), rel=0.1)
+
+
+def test_the_starvation_bound_holds_whatever_the_agent_says():
+    """A tight pool makes the agent STOP before group 1; once g1-0 has waited longer than
+    --feather-max-wait-s it is admitted all the same."""
+    now = [0.0]
+    p = AdmissionPlanner(FeatherConfig(chunk_size=CHUNK, max_wait_s=10), clock=lambda: now[0])
+    two_groups(p, per_group=4)
+    plan = p.plan(max_new=64, kv_free_tokens=1_500, kv_capacity_tokens=1_500)
+    assert plan.stop_reason == "agent" and {r[:2] for r in plan.rids} == {"g0"}
+    p.end_pass(plan.rids)
+    now[0] = 11.0
+    plan = p.plan(max_new=64, kv_free_tokens=0, kv_capacity_tokens=1_500)
+    assert plan.rids[:4] == [f"g1-{i}" for i in range(4)] and plan.starved == 4
