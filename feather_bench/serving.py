@@ -132,16 +132,20 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| config | output tok/s | vs best stock, same backend | vs best torch_native | "
+    head = ("| config | output tok/s (runs) | vs best stock, same backend | vs best torch_native | "
             "TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | p99 TTFT vs fcfs | outputs differing |")
     lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
 
     def f(v, fmt="{:.2f}x"):
         return "-" if v is None else fmt.format(v)
 
+    def spread(r):
+        runs = r.get("output_throughput_runs") or [r["output_throughput"]]
+        return f"{min(runs):.1f}-{max(runs):.1f}"
+
     for r in rows:
         lines.append(
-            f"| {r['config']} | {r['output_throughput']:.1f} | {f(r.get('vs_best_stock_same_backend'))} | "
+            f"| {r['config']} | {r['output_throughput']:.1f} ({spread(r)}) | {f(r.get('vs_best_stock_same_backend'))} | "
             f"{f(r.get('vs_best_torch_native'))} | {r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | "
             f"{r['median_tpot_ms']:.0f} / {r['p99_tpot_ms']:.0f} | {r['median_itl_ms']:.0f} / {r['p99_itl_ms']:.0f} | "
             f"{f(r.get('p99_ttft_vs_fcfs'))} | {f(r['outputs_differing_from_first_config'], '{}')} |")
@@ -165,15 +169,31 @@ that differ from the first configuration's (bf16 rounds at ~1e-2, so near-ties c
 """
 
 
+def headline(results: list[dict]) -> str:
+    """One row per workload: feather on each backend against the best stock policy there."""
+    lines = ["| workload | feather + feather vs best stock, feather backend | feather + torch_native vs best "
+             "stock, torch_native | feather + feather vs best torch_native | feather's p99 TTFT vs fcfs "
+             "(feather / torch_native backend) |", "|---|---|---|---|---|"]
+
+    def cell(row, key, fmt="{:.2f}x"):
+        return "-" if row is None or row.get(key) is None else fmt.format(row[key])
+
+    for r in results:
+        rows = {x["config"]: x for x in r["rows"]}
+        ff, fn = rows.get("feather+feather"), rows.get("feather+torch_native")
+        vs = lambda row: "" if row is None else f" ({row.get('best_stock_same_backend', '-')})"  # noqa: E731
+        lines.append(f"| {r['workload']} | {cell(ff, 'vs_best_stock_same_backend')}{vs(ff)} | "
+                     f"{cell(fn, 'vs_best_stock_same_backend')}{vs(fn)} | {cell(ff, 'vs_best_torch_native')} | "
+                     f"{cell(ff, 'p99_ttft_vs_fcfs')} / {cell(fn, 'p99_ttft_vs_fcfs')} |")
+    return "\n".join(lines)
+
+
 def report(out_dir: Path) -> str:
     """Every workload's table in ``out_dir``, with the command and the machine it ran on."""
-    parts = [REPORT_HEAD]
-    for name in WORKLOADS:
-        path = out_dir / f"{name}.json"
-        if not path.exists():
-            continue
-        r = json.loads(path.read_text())
-        m = r["machine"]
+    results = [json.loads((out_dir / f"{n}.json").read_text()) for n in WORKLOADS if (out_dir / f"{n}.json").exists()]
+    parts = [REPORT_HEAD, "## Summary\n", headline(results), "\n## Per workload\n"]
+    for r in results:
+        name, m = r["workload"], r["machine"]
         server = " ".join(a for a in r["rows"][0]["server_args"][2:]) or "defaults"
         parts.append(
             f"### {name}: {r['description']}\n\n"
@@ -223,6 +243,7 @@ def main(argv=None) -> int:
         print(report(out_dir))
         return 0
     out_dir.mkdir(parents=True, exist_ok=True)
+    git = git_state()  # the code the servers run, as it is when they start
     for workload in args.workloads:
         rows = [run_config(args.model, p, b, workload, args, out_dir) for b in args.backends for p in args.policies]
         result = {
@@ -230,7 +251,7 @@ def main(argv=None) -> int:
             "bench_serving_args": list(WORKLOADS[workload][1]) + shlex.split(args.bench_args),
             "model": args.model, "repeats": args.repeats, "seed": args.seed,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": describe(), "git": git_state(), "summary": summarize(rows), "rows": rows,
+            "machine": describe(), "git": git, "summary": summarize(rows), "rows": rows,
         }
         path = out_dir / f"{workload}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")

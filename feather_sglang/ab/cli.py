@@ -25,6 +25,7 @@ from pathlib import Path
 from feather_sglang.ab import report
 from feather_sglang.ab.metrics import compute, median_of
 from feather_sglang.ab.runner import ABConfig, Common, run_offline, run_online, scratch_dir
+from feather_sglang.config import FeatherConfig
 from feather_sglang.tools.machine import describe as describe_machine
 from feather_sglang.workloads import SPECS, WORKLOADS, WorkloadError, build_workload, load_tokenizer, load_workload_file, parse_spec
 
@@ -121,7 +122,7 @@ def validate(args) -> tuple[list[ABConfig], list[str]]:
     for backend in backends:
         for policy in policies:
             for agent in (agents if policy == "feather" else [None]):
-                named = policy == "feather" and (len(agents) > 1 or agent != "static")
+                named = policy == "feather" and (len(agents) > 1 or agent != FeatherConfig().agent)
                 configs.append(ABConfig(policy, backend, agent if named else None))
     return configs, policies
 
