@@ -276,8 +276,12 @@ class ChunkedHashTree:
 
     def waiting_group_size(self, rid: Hashable) -> int:
         """``len(waiting_group(rid))`` without building the set: O(nodes on its path)."""
+        return self.waiting_share(rid)[1]
+
+    def waiting_share(self, rid: Hashable) -> tuple[int, int]:
+        """(``waiting_shared_depth(rid)``, ``waiting_group_size(rid)``) in one walk up the path."""
         node = self._deepest_shared_while_waiting(rid)
-        return 1 if node.parent is None else len(node.waiting)
+        return node.end, (1 if node.parent is None else len(node.waiting))
 
     def num_chunks(self, rid: Hashable) -> int:
         """Number of keys (chunks, the last one possibly partial) of ``rid``."""
@@ -576,10 +580,11 @@ def with_costs(state, cht: ChunkedHashTree, rid: Hashable, deficit: int, free_sl
     """``state`` (an ``AgentState`` for waiting ``rid``) with what the candidate and the running
     batch cost in tokens, as the CHT sees them (chunks x chunk size; see ``AgentState``)."""
     chunk, chunks = cht.chunk_size, cht.num_chunks(rid)
+    shared_depth, group = cht.waiting_share(rid)
     return state._replace(
-        group_waiting=cht.waiting_group_size(rid),
+        group_waiting=group,
         new_tokens=min(deficit, chunks) * chunk,
-        own_tokens=(chunks - cht.waiting_shared_depth(rid)) * chunk,
+        own_tokens=(chunks - shared_depth) * chunk,
         prompt_tokens=chunks * chunk,
         batch_unique_tokens=cht.working_set_chunks * chunk,
         batch_tokens=cht.running_chunks * chunk,
