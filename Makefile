@@ -47,7 +47,7 @@ bench-attention: setup
 # workload file online (Poisson arrivals from the file). One torch thread per SGLang run keeps
 # the timings stable on a small shared machine (see README).
 AB_ARGS ?= --threads 1
-AB_AGENT_PPO := ppo:feather_rl/agents/ppo_tiny-llama.zip
+AB_AGENT_PPO := ppo:feather_rl/agents/ppo_serving.zip
 # batchllm-half and feather-8x100-p400 (SPECS in feather_sglang/workloads.py) are batchllm with
 # BatchLLM's sizes halved and feather-8x100 with prompts cut to 400 tokens, for the agents, the
 # 64-token and the small-pool variants (a 4,096-token pool cannot hold one group's 2,000-token
@@ -93,7 +93,7 @@ clean-models:
 
 # ---- learning agents (feather_rl): train, evaluate, record real measurements for replay ------
 .PHONY: train eval record
-TRAIN_ARGS ?= --algo ppo --timesteps 30000 --seed 0 --out results/runs/ppo-seed0
+TRAIN_ARGS ?= --algo ppo --timesteps 300000 --n-envs 4 --seed 0 --out results/runs/ppo-seed0
 EVAL_ARGS ?=
 RECORD_ARGS ?= --repeats 3 --out results/replay_tiny-llama.json
 
@@ -101,7 +101,7 @@ train: setup
 	OMP_NUM_THREADS=1 .venv/bin/feather-train $(TRAIN_ARGS)
 
 eval: setup
-	OMP_NUM_THREADS=1 .venv/bin/feather-eval --json results/eval.json $(EVAL_ARGS)
+	OMP_NUM_THREADS=1 .venv/bin/feather-eval --seeds 3 --json results/rl/eval_serving.json $(EVAL_ARGS)
 
 record: setup
 	OMP_NUM_THREADS=1 .venv/bin/feather-record $(RECORD_ARGS)

@@ -10,6 +10,7 @@ from gymnasium import spaces
 
 from feather_sglang.agents.base import Action, AgentState
 from feather_sglang.agents.features import OBS_DIM, OBS_HIGH, OBS_LOW, observe
+from feather_sglang.agents.step_model import StepTimeModel
 from feather_sglang.cht import ChunkedHashTree, with_costs
 from feather_rl import workload_specs
 from feather_rl.executors.real import DEFAULT_MAX_TOTAL_TOKENS
@@ -37,18 +38,9 @@ class BatchFormationEnv(gym.Env):
     :class:`feather_sglang.agents.Action`.
 
     ## Observation Space
-    ``Box(low, high, (7,), float32)``, the layout of :mod:`feather_sglang.agents.features`
-    (the server's learned agents read the same vector):
-
-    | index | observation      | normalised                   | range    |
-    |-------|------------------|------------------------------|----------|
-    | 0     | batch size       | requests / 64                | [0, 1]   |
-    | 1     | chunk loss       | (before - after) / 64 chunks | [-1, 1]  |
-    | 2     | chunks before    | shared-chain depth / 64      | [0, 1]   |
-    | 3     | chunks after     | depth if it joins / 64       | [0, 1]   |
-    | 4     | waiting at depth | waiting sharing it / 64      | [0, 1]   |
-    | 5     | queue length     | waiting requests / 64        | [0, 1]   |
-    | 6     | memory headroom  | free KV fraction             | [0, 1]   |
+    ``Box(low, high, (12,), float32)``: the layout of :mod:`feather_sglang.agents.features`,
+    which the server's learned agents read too (the step-time model behind its predicted gain
+    is the per-request one: the replayed batches ran on torch_native attention).
 
     ## Rewards
     At each dispatch, the batch's decode throughput (output tokens/s, measured) times its share
@@ -95,6 +87,8 @@ class BatchFormationEnv(gym.Env):
         self.action_space = spaces.Discrete(2)
         self.observation_space = spaces.Box(OBS_LOW, OBS_HIGH, (OBS_DIM,), np.float32)
         self._cht: ChunkedHashTree | None = None
+        # the replayed batches ran on per-request attention (torch_native)
+        self._model = StepTimeModel(prefix_shared=False)
 
     # ---- Gymnasium API ---------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -191,7 +185,7 @@ class BatchFormationEnv(gym.Env):
     def _obs(self) -> np.ndarray:
         if self._state is None:
             return np.zeros(OBS_DIM, dtype=np.float32)
-        return observe(self._state)
+        return observe(self._state, self._model)
 
     def _info(self, dispatched: list[dict], done: bool) -> dict:
         info = {"state": self._state, "dispatched": dispatched, "workload": self.workload_spec}

@@ -1,9 +1,17 @@
-"""``feather-eval``: stop/add agents side by side in ``feather/BatchFormation-v0``.
+"""``feather-eval``: stop/add agents side by side, in the simulated server or on static batches.
 
-    feather-eval --json results/eval.json
-    feather-eval --agents static,always-add,ppo:results/runs/ppo-seed0/model.zip --workload-file my.jsonl
+    feather-eval --json results/rl/eval.json
+    feather-eval --agents static,always-add,ppo:results/runs/ppo-seed0/model.zip --regimes memory-bound/feather
+    feather-eval --env batch --workload-file my.jsonl
 
-Every agent runs every workload once per seed (the seed draws the workload's text and order);
+``--env serving`` (the default): every agent serves every held-out regime of
+:data:`feather_rl.regimes.HELDOUT` once per seed in :class:`feather_rl.simulator.Server`; the
+reward is the simulated server's output throughput (tokens/s). The summary gives, for the
+trained agent, the geometric mean over regimes of its throughput over static's and over
+always-add's (``trained_vs_static``, ``trained_vs_always_add``), over the better of the two
+(``trained_vs_best_fixed``), and the lowest per-regime ratio of each.
+
+``--env batch``: every agent runs every workload once per seed (the seed draws the workload's text and order);
 the reward of an episode is its return: the request-weighted mean decode throughput of the
 batches it formed (tokens/s). Online learners (ucb, qlearning) first learn for
 ``--warmup-episodes`` episodes on the training workloads, one fresh learner per seed. Prints a
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -26,6 +35,8 @@ from feather_rl.episodes import make, run_episode
 
 AGENTS_DIR = Path(__file__).resolve().parent / "agents"
 DEFAULT_AGENTS = ("static", "always-add", "random", "ucb", "qlearning")
+SERVING_AGENTS = ("static", "always-add", "admit", "throughput")
+EVAL_SEED = 1_000_000  # evaluation seeds start here; training draws its own
 ONLINE = ("ucb", "qlearning")
 
 
@@ -60,6 +71,85 @@ def evaluate(agents, workloads, seeds, env, warmup_episodes: int = 20, progress=
                          "workload_tokens_per_s": statistics.fmean(per[w]["throughput"]),
                          "batches": statistics.fmean(per[w]["batches"])})
     return rows
+
+
+def evaluate_serving(agents, regime_list, seeds, progress=None) -> list[dict]:
+    """One row per (agent, regime): the simulated server's output throughput per seed."""
+    from feather_rl.simulator import StepCosts, simulate
+
+    costs, rows = StepCosts.load(), []
+    for spec in agents:
+        for regime in regime_list:
+            results = [simulate(regime, EVAL_SEED + seed, make(spec, seed), costs) for seed in seeds]
+            if progress is not None:
+                progress.update(len(seeds))
+            tput = [r.output_throughput for r in results]
+            rows.append({"agent": spec, "workload": regime.name, "seeds": list(seeds), "rewards": [round(x, 3) for x in tput],
+                         "mean_reward": statistics.fmean(tput), "std_over_seeds": statistics.pstdev(tput),
+                         "p99_ttft_s": statistics.fmean(r.p99_ttft_s for r in results),
+                         "evicted_prefixes": statistics.fmean(r.evicted_prefixes for r in results)})
+    return rows
+
+
+def summarize_serving(rows, trained: str | None) -> dict:
+    """Geometric means over regimes of each agent's throughput ratio to the fixed rules."""
+    mean = {(r["agent"], r["workload"]): r["mean_reward"] for r in rows}
+    agents = list(dict.fromkeys(r["agent"] for r in rows))
+    regimes = list(dict.fromkeys(r["workload"] for r in rows))
+
+    def ratios(agent, base):
+        return [mean[agent, w] / base(w) for w in regimes]
+
+    def geomean(xs):
+        return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+    fixed = {"static": lambda w: mean["static", w], "always_add": lambda w: mean["always-add", w],
+             "best_fixed": lambda w: max(mean["static", w], mean["always-add", w])}
+    summary = {"geomean_vs_always_add": {a: round(geomean(ratios(a, fixed["always_add"])), 4) for a in agents}}
+    if trained is not None:
+        summary["trained"] = trained
+        for name, base in fixed.items():
+            rs = ratios(trained, base)
+            summary[f"trained_vs_{name}"] = round(geomean(rs), 4)
+            summary[f"trained_vs_{name}_min"] = round(min(rs), 4)
+    return summary
+
+
+def serving_table(rows, summary) -> str:
+    agents = list(dict.fromkeys(r["agent"] for r in rows))
+    regimes = list(dict.fromkeys(r["workload"] for r in rows))
+    mean = {(r["agent"], r["workload"]): r for r in rows}
+    lines = [f"{'regime':<28}" + "".join(f"{_short(a):>24}" for a in agents)]
+    for w in regimes:
+        lines.append(f"{w:<28}" + "".join(f"{mean[a, w]['mean_reward']:>16.1f} ± {mean[a, w]['std_over_seeds']:<5.1f}"
+                                            for a in agents))
+    lines.append(f"{'geomean vs always-add':<28}" + "".join(f"{summary['geomean_vs_always_add'][a]:>24.4f}" for a in agents))
+    for key in ("trained_vs_static", "trained_vs_always_add", "trained_vs_best_fixed"):
+        if key in summary:
+            lines.append(f"{key}: {summary[key]:.4f} (geomean), lowest regime {summary[key + '_min']:.4f}")
+    return "\n".join(lines)
+
+
+def serving_markdown(data: dict, json_path: str) -> str:
+    """A docs page section from a serving evaluation's JSON: the command, then one table."""
+    rows, summary, prov = data["rows"], data["summary"], data["provenance"]
+    agents = list(dict.fromkeys(r["agent"] for r in rows))
+    regimes = list(dict.fromkeys(r["workload"] for r in rows))
+    by = {(r["agent"], r["workload"]): r for r in rows}
+    m = prov["machine"]
+    lines = [f"`{prov['command']}` ({prov['date']}, {m.get('cpu', '?')}, commit {(prov.get('git') or {}).get('commit', '?')[:12]}; "
+             f"{len(rows[0]['seeds'])} seeds per regime; simulated output tok/s, mean over seeds; from `{json_path}`)", "",
+             "| regime | " + " | ".join(f"`{_short(a)}`" for a in agents) + " |",
+             "|---|" + "---:|" * len(agents)]
+    for w in regimes:
+        lines.append(f"| {w} | " + " | ".join(f"{by[a, w]['mean_reward']:.1f}" for a in agents) + " |")
+    lines.append("| **geomean vs always-add** | " + " | ".join(f"**{summary['geomean_vs_always_add'][a]:.3f}**"
+                                                            for a in agents) + " |")
+    if "trained" in summary:
+        lines += ["", f"Trained agent `{_short(summary['trained'])}`: " + "; ".join(
+            f"{k.removeprefix('trained_vs_').replace('_', '-')} {summary[k]:.3f}x (lowest regime {summary[k + '_min']:.3f}x)"
+            for k in ("trained_vs_static", "trained_vs_always_add", "trained_vs_best_fixed"))]
+    return "\n".join(lines)
 
 
 def overall(rows, agent: str) -> tuple[float, float]:
@@ -105,46 +195,91 @@ def _short(spec: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="feather-eval", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env", choices=("serving", "batch"), default="serving",
+                    help="serving: the simulated server over held-out regimes; batch: static batches priced by real runs")
     ap.add_argument("--agents", default=None,
-                    help="comma-separated: static, always-add, random, ucb, qlearning, ppo:PATH, dqn:PATH "
-                         "(default: the five rule/online agents and every shipped feather_rl/agents/*.zip)")
+                    help="comma-separated: static, always-add, throughput, random, ucb, qlearning, ppo:PATH, dqn:PATH "
+                         "(default, serving: static, always-add, throughput and every shipped feather_rl/agents/*.zip; "
+                         "batch: static, always-add, random, ucb, qlearning and the shipped files)")
+    ap.add_argument("--regimes", default=None,
+                    help="serving: comma-separated held-out regime names (default: all of feather_rl.regimes.HELDOUT)")
     ap.add_argument("--workloads", default=",".join(workload_specs.HELDOUT_WORKLOADS),
-                    help="workload specs (default: the held-out %(default)s)")
-    ap.add_argument("--workload-file", action="append", default=[], help="a JSONL workload file (A/B tool format); repeatable")
+                    help="batch: workload specs (default: the held-out %(default)s)")
+    ap.add_argument("--workload-file", action="append", default=[], help="batch: a JSONL workload file (A/B tool format); repeatable")
     ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
-    ap.add_argument("--executor", choices=("replay", "real"), default="replay")
-    ap.add_argument("--recording", default=None)
-    ap.add_argument("--warmup-episodes", type=int, default=20, help="online learners' episodes before evaluation")
+    ap.add_argument("--executor", choices=("replay", "real"), default="replay", help="batch: how batches are priced")
+    ap.add_argument("--recording", default=None, help="batch: replay recording")
+    ap.add_argument("--warmup-episodes", type=int, default=20, help="batch: online learners' episodes before evaluation")
     ap.add_argument("--trained", default=None, help="which agent the summary ratios are for (default: the first ppo:/dqn:)")
     ap.add_argument("--json", default=None, help="write rows and summary to this JSON file")
+    ap.add_argument("--report", metavar="JSON", default=None,
+                    help="print a serving evaluation's JSON as a markdown table (for the docs) and exit")
     args = ap.parse_args(argv)
+    if args.report:
+        try:
+            data = json.loads(Path(args.report).read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--report: cannot read {args.report}: {e}")
+        if data.get("provenance", {}).get("env") != "serving":
+            ap.error(f"--report: {args.report} is not a serving evaluation (feather-eval --env serving --json ...)")
+        print(serving_markdown(data, args.report))
+        return 0
+    if args.seeds < 1:
+        ap.error(f"--seeds must be >= 1, got {args.seeds}")
 
-    import gymnasium as gym
     from tqdm import tqdm
 
-    import feather_rl
-    from feather_rl.train import split_workloads
-
-    agents = args.agents.split(",") if args.agents else [*DEFAULT_AGENTS, *shipped_agents()]
-    workloads = split_workloads(args.workloads) + [f"file:{p}" for p in args.workload_file]
+    serving = args.env == "serving"
+    default_agents = SERVING_AGENTS if serving else DEFAULT_AGENTS
+    agents = args.agents.split(",") if args.agents else [*default_agents, *shipped_agents()]
+    for spec in agents:
+        try:
+            make(spec)
+        except ValueError as e:
+            ap.error(f"--agents: {e}")
     seeds = list(range(args.seeds))
     trained = args.trained or next((a for a in agents if a.split(":")[0] in ("ppo", "dqn")), None)
-    env = gym.make(feather_rl.ENV_ID, workloads=tuple(workloads), executor=args.executor,
-                   recording=args.recording).unwrapped
     started = time.time()
-    with tqdm(total=len(agents) * len(seeds) * len(workloads), desc="feather-eval", unit="episode", file=sys.stderr) as bar:
-        rows = evaluate(agents, workloads, seeds, env, args.warmup_episodes, bar)
-    summary = summarize(rows, trained)
-    print(table(rows, summary))
+    if serving:
+        from feather_rl import regimes
+
+        if not {"static", "always-add"} <= set(agents):
+            ap.error("--agents: the serving summary compares with static and always-add; include both")
+        try:
+            chosen = [regimes.by_name(n) for n in args.regimes.split(",")] if args.regimes else list(regimes.HELDOUT)
+        except ValueError as e:
+            ap.error(f"--regimes: {e}")
+        with tqdm(total=len(agents) * len(seeds) * len(chosen), desc="feather-eval", unit="run", file=sys.stderr) as bar:
+            rows = evaluate_serving(agents, chosen, seeds, bar)
+        summary = summarize_serving(rows, trained)
+        print(serving_table(rows, summary))
+        from feather_rl.simulator import DEFAULT_CALIBRATION
+
+        context = {"env": "serving", "regimes": [r.__dict__ for r in chosen],
+                   "step_costs": json.loads(DEFAULT_CALIBRATION.read_text()), "eval_seed_base": EVAL_SEED}
+    else:
+        import gymnasium as gym
+
+        import feather_rl
+        from feather_rl.train import split_workloads
+
+        workloads = split_workloads(args.workloads) + [f"file:{p}" for p in args.workload_file]
+        env = gym.make(feather_rl.ENV_ID, workloads=tuple(workloads), executor=args.executor,
+                       recording=args.recording).unwrapped
+        with tqdm(total=len(agents) * len(seeds) * len(workloads), desc="feather-eval", unit="episode",
+                  file=sys.stderr) as bar:
+            rows = evaluate(agents, workloads, seeds, env, args.warmup_episodes, bar)
+        summary = summarize(rows, trained)
+        print(table(rows, summary))
+        context = {"env": "batch", "workloads": workloads, "warmup_episodes": args.warmup_episodes,
+                   "executor": env.executor.describe() if hasattr(env.executor, "describe") else args.executor}
+        env.close()
     if args.json:
         out = {"rows": rows, "summary": summary,
-               "provenance": provenance.record(executor=env.executor.describe() if hasattr(env.executor, "describe") else args.executor,
-                                               workloads=workloads, warmup_episodes=args.warmup_episodes,
-                                               seconds=round(time.time() - started, 1))}
+               "provenance": provenance.record(**context, seconds=round(time.time() - started, 1))}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
         print(f"feather-eval: -> {args.json}")
-    env.close()
     return 0
 
 

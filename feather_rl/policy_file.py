@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 from feather_sglang.agents.features import layout
-from feather_sglang.agents.learned import META_MEMBER
+from feather_sglang.agents.learned import META_MEMBER, manifest_of
 
 # SB3's default MlpPolicy activations: PPO's actor-critic uses tanh, DQN's QNetwork ReLU.
 ACTIVATION = {"ppo": "tanh", "dqn": "relu"}
@@ -26,7 +26,8 @@ def save_policy(model, path: str | Path, algo: str, provenance: dict | None = No
         path = path.with_name(path.name + ".zip")
     path.parent.mkdir(parents=True, exist_ok=True)
     model.save(path)
-    meta = {"algo": algo, "activation": ACTIVATION[algo], **layout(), "provenance": provenance or {}}
+    meta = {"algo": algo, "activation": ACTIVATION[algo], **layout(), "provenance": provenance or {},
+            "manifest": manifest_of(path)}
     with zipfile.ZipFile(path, "a") as zf:
         zf.writestr(META_MEMBER, json.dumps(meta, indent=1))
     return path
@@ -40,4 +41,6 @@ def set_meta(path: str | Path, meta: dict) -> None:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, data in members.items():
             zf.writestr(name, data)
+    meta = {**meta, "manifest": manifest_of(path)}
+    with zipfile.ZipFile(path, "a") as zf:
         zf.writestr(META_MEMBER, json.dumps(meta, indent=1))

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from feather_sglang.tools.machine import describe
+from feather_sglang.tools.machine import describe, git_state
 
 
 def date() -> str:
@@ -37,4 +37,4 @@ def machine() -> dict:
 
 
 def record(**extra) -> dict:
-    return {"command": command(), "date": date(), "machine": machine(), **extra}
+    return {"command": command(), "date": date(), "machine": machine(), "git": git_state(), **extra}

@@ -1,7 +1,11 @@
-"""``feather-train``: train a stop/add policy with Stable-Baselines3 in ``feather/BatchFormation-v0``.
+"""``feather-train``: train a stop/add policy with Stable-Baselines3 in ``feather/Serving-v0``.
 
-    feather-train --algo ppo --timesteps 30000 --seed 0 --out results/runs/ppo-seed0
-    feather-train --algo ppo --timesteps 60000 --out results/runs/ppo-seed0 --resume   # continue
+    feather-train --algo ppo --timesteps 200000 --n-envs 4 --seed 0 --out results/runs/ppo-seed0
+    feather-train --algo ppo --timesteps 300000 --out results/runs/ppo-seed0 --resume   # continue
+    feather-train --env batch --workloads gsp,no-sharing ...   # static batches priced by real runs
+
+``--env serving`` (the default) trains in the simulated continuous-batching server over the
+regimes of :mod:`feather_rl.regimes`; ``--env batch`` in ``feather/BatchFormation-v0``.
 
 Writes into ``--out``: ``model.zip`` (serve it with ``--feather-agent ppo:results/runs/ppo-seed0/model.zip``),
 ``checkpoints/step_N.zip`` every ``--checkpoint-every`` steps and ``latest.zip`` (what
@@ -33,6 +37,11 @@ ALGOS = ("ppo", "dqn")
 PPO_KWARGS = dict(n_steps=1024, batch_size=128, n_epochs=10, gamma=0.99, ent_coef=0.01, learning_rate=3e-4)
 DQN_KWARGS = dict(buffer_size=50_000, learning_starts=1_000, train_freq=4, target_update_interval=500,
                   exploration_fraction=0.3, exploration_final_eps=0.02, learning_rate=5e-4, gamma=0.99)
+# The serving env's episodes are 100-4,000 decisions whose rewards (-seconds / reference
+# seconds) are each small: a long horizon, no entropy bonus (the best policy is nearly
+# deterministic), rewards normalised by SB3's running estimate of the return's spread.
+SERVING_PPO_KWARGS = dict(n_steps=1024, batch_size=256, n_epochs=10, gamma=0.999, gae_lambda=0.95, ent_coef=0.0,
+                          learning_rate=3e-4)
 BASELINE_EPISODES = 30
 
 
@@ -49,6 +58,18 @@ def make_env(workloads, executor: str, recording: str | None, monitor_path: Path
     return gym.wrappers.TransformReward(env, lambda r: r / REWARD_SCALE)
 
 
+def make_serving_env(n_envs: int, seed: int, monitor_dir: Path):
+    """``n_envs`` copies of ``feather/Serving-v0`` in one process (SB3's ``make_vec_env``), each
+    with a Monitor file in ``monitor_dir`` (returns: -duration / always-add's duration)."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    import feather_rl
+
+    env = make_vec_env(feather_rl.SERVING_ENV_ID, n_envs=n_envs, seed=seed, monitor_dir=str(monitor_dir))
+    return VecNormalize(env, norm_obs=False, norm_reward=True, gamma=SERVING_PPO_KWARGS["gamma"])
+
+
 def baselines(workloads, executor: str, recording: str | None, seed: int) -> dict:
     """Mean episode return of the rule-based agents on the training workloads (for the plot)."""
     from feather_rl.episodes import make, run_episode
@@ -62,7 +83,21 @@ def baselines(workloads, executor: str, recording: str | None, seed: int) -> dic
     return out
 
 
-def plot_curve(monitor_csv: Path, png: Path, base: dict, title: str) -> None:
+def serving_baselines(seed: int) -> dict:
+    """Mean episode return of the rule-based agents in ``feather/Serving-v0`` (for the plot)."""
+    from feather_rl.episodes import make
+    from feather_rl.regimes import sample
+    from feather_rl.simulator import StepCosts, simulate
+
+    costs, rng = StepCosts.load(), np.random.default_rng(seed + 7)
+    draws = [(sample(rng), int(rng.integers(2**31 - 1))) for _ in range(BASELINE_EPISODES)]
+    ref = [simulate(r, s, make("always-add"), costs).duration_s for r, s in draws]
+    return {name: float(np.mean([-simulate(r, s, make(name), costs).duration_s / t for (r, s), t in zip(draws, ref)]))
+            for name in ("static", "admit", "throughput")} | {"always-add": -1.0}
+
+
+def plot_curve(monitor_csv: Path, png: Path, base: dict, title: str,
+               ylabel: str = "mean batch decode throughput (tokens/s)") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -81,7 +116,7 @@ def plot_curve(monitor_csv: Path, png: Path, base: dict, title: str) -> None:
     for (name, value), style in zip(sorted(base.items()), ("--", ":", "-.")):
         ax.axhline(value, ls=style, color="gray", label=f"{name} ({value:.0f})")
     ax.set_xlabel("timesteps (decisions)")
-    ax.set_ylabel("mean batch decode throughput (tokens/s)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
@@ -90,17 +125,25 @@ def plot_curve(monitor_csv: Path, png: Path, base: dict, title: str) -> None:
 
 
 def _monitor_rows(path: Path) -> list[tuple[float, int]]:
-    if not path.exists():
-        return []
-    with open(path) as f:
-        lines = [line for line in f if not line.startswith("#")]
-    return [(float(r["r"]), int(r["l"])) for r in csv.DictReader(lines)]
+    """(return, length) per episode from a Monitor file, or from every one in a folder, in
+    the order the episodes ended."""
+    files = sorted(path.glob("*.monitor.csv")) if path.is_dir() else [path] if path.exists() else []
+    rows = []
+    for f in files:
+        with open(f) as fh:
+            lines = [line for line in fh if not line.startswith("#")]
+        rows += [(float(r["t"]), float(r["r"]), int(r["l"])) for r in csv.DictReader(lines)]
+    return [(r, n) for _, r, n in sorted(rows)]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="feather-train", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--algo", choices=ALGOS, default="ppo")
+    ap.add_argument("--env", choices=("serving", "batch"), default="serving",
+                    help="serving: the simulated continuous-batching server (feather/Serving-v0); "
+                         "batch: static batches priced by real runs (feather/BatchFormation-v0)")
+    ap.add_argument("--n-envs", type=int, default=4, help="parallel environments (serving env only)")
     ap.add_argument("--executor", choices=("replay", "real"), default="replay",
                     help="replay: recorded real measurements (fast); real: run every batch on the model")
     ap.add_argument("--recording", default=None, help="replay recording (default: feather_rl/data/replay_tiny-llama.json)")
@@ -111,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="output folder (default: results/runs/ALGO-seedN)")
     ap.add_argument("--checkpoint-every", type=int, default=5_000, help="timesteps between checkpoints")
-    ap.add_argument("--resume", action="store_true", help="continue from OUT/latest.zip up to --timesteps")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from OUT/latest.zip up to --timesteps. Stable-Baselines3 unpickles parts of "
+                         "the file (and DQN's replay buffer): resume only run folders you trust. Files whose "
+                         "contents do not match the manifest feather-train wrote are refused")
     args = ap.parse_args(argv)
 
     import stable_baselines3 as sb3
@@ -124,19 +170,30 @@ def main(argv: list[str] | None = None) -> int:
     workloads = split_workloads(args.workloads)
     out = Path(args.out or f"results/runs/{args.algo}-seed{args.seed}")
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-    env = make_env(workloads, args.executor, args.recording, out / "monitor.csv", append=args.resume)
+    if args.n_envs < 1:
+        ap.error(f"--n-envs must be >= 1, got {args.n_envs}")
+    serving = args.env == "serving"
+    if serving:
+        (out / "monitor").mkdir(exist_ok=True)
+        env = make_serving_env(args.n_envs, args.seed, out / "monitor")
+    else:
+        env = make_env(workloads, args.executor, args.recording, out / "monitor.csv", append=args.resume)
     cls = sb3.PPO if args.algo == "ppo" else sb3.DQN
     latest = out / "latest.zip"
     if args.resume:
         if not latest.exists():
             print(f"feather-train: --resume: {latest} does not exist", file=sys.stderr)
             return 2
+        problem = _untrusted(latest, out / "replay_buffer.pkl")
+        if problem:
+            print(f"feather-train: --resume: {problem}", file=sys.stderr)
+            return 2
         model = cls.load(latest, env=env, device="cpu")
         buffer = out / "replay_buffer.pkl"
         if args.algo == "dqn" and buffer.exists():
             model.load_replay_buffer(buffer)
     else:
-        kwargs = PPO_KWARGS if args.algo == "ppo" else DQN_KWARGS
+        kwargs = (SERVING_PPO_KWARGS if serving else PPO_KWARGS) if args.algo == "ppo" else DQN_KWARGS
         model = cls("MlpPolicy", env, seed=args.seed, device="cpu", verbose=0, **kwargs)
     model.set_logger(configure(str(out), ["csv"]))
     done_before = model.num_timesteps
@@ -145,10 +202,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"feather-train: {out} already has {done_before} >= {args.timesteps} timesteps")
         return 0
 
-    info = {"algo": args.algo, "executor": args.executor, "workloads": workloads, "seed": args.seed,
-            "timesteps": args.timesteps, "hyperparameters": PPO_KWARGS if args.algo == "ppo" else DQN_KWARGS,
+    info = {"algo": args.algo, "env": args.env, "n_envs": args.n_envs if serving else 1, "seed": args.seed,
+            "executor": None if serving else args.executor, "workloads": "feather_rl.regimes.sample" if serving else workloads,
+            "timesteps": args.timesteps, "hyperparameters": _hyperparameters(model),
             "reward_scale": REWARD_SCALE}
-    if args.executor == "replay":
+    if serving:
+        from feather_rl.simulator import DEFAULT_CALIBRATION
+
+        info["step_costs"] = json.loads(DEFAULT_CALIBRATION.read_text())
+    elif args.executor == "replay":
         info["recording"] = env.unwrapped.executor.describe()
 
     class Progress(BaseCallback):
@@ -174,24 +236,65 @@ def main(argv: list[str] | None = None) -> int:
         save_policy(m, latest, args.algo, prov)
         if args.algo == "dqn":
             m.save_replay_buffer(out / "replay_buffer.pkl")
+            (out / "replay_buffer.pkl.sha256").write_text(_sha256(out / "replay_buffer.pkl") + "\n")
 
     started = time.time()
     model.learn(total_timesteps=remaining, callback=Progress(), reset_num_timesteps=False)
     train_s = time.time() - started
     checkpoint(model, f"step_{model.num_timesteps}")
-    base = baselines(workloads, args.executor, args.recording, args.seed) if args.executor == "replay" else {}
+    if serving:
+        base = serving_baselines(args.seed)
+    else:
+        base = baselines(workloads, args.executor, args.recording, args.seed) if args.executor == "replay" else {}
     prov = provenance.record(training={**info, "timesteps_done": model.num_timesteps,
                                        "train_seconds_this_run": round(train_s, 1),
                                        "baselines_train_workloads": base})
     model_path = save_policy(model, out / "model.zip", args.algo, prov)
     (out / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
-    plot_curve(out / "monitor.csv", out / "learning_curve.png", base,
-               f"feather-train {args.algo}, seed {args.seed}, {args.executor} executor, "
-               f"{len(workloads)} training workloads")
+    if serving:
+        plot_curve(out / "monitor", out / "learning_curve.png", base,
+                   f"feather-train {args.algo}, seed {args.seed}, simulated server, {args.n_envs} envs",
+                   ylabel="return: -duration / always-add's duration")
+    else:
+        plot_curve(out / "monitor.csv", out / "learning_curve.png", base,
+                   f"feather-train {args.algo}, seed {args.seed}, {args.executor} executor, "
+                   f"{len(workloads)} training workloads")
     env.close()
     print(f"feather-train: {model.num_timesteps} timesteps ({train_s:.0f} s this run) -> {model_path}")
     print(f"  serve it: python -m sglang.launch_server ... --schedule-policy feather --feather-agent {args.algo}:{model_path}")
     return 0
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _untrusted(latest: Path, buffer: Path) -> str | None:
+    """Why a run folder's files must not be unpickled (None: they are feather-train's own)."""
+    import zipfile
+
+    from feather_sglang.agents.learned import META_MEMBER, PolicyFileError, check_manifest
+
+    try:
+        with zipfile.ZipFile(latest) as zf:
+            meta = json.loads(zf.read(META_MEMBER))
+        check_manifest(latest, meta, str(latest))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+        reason = str(e) if isinstance(e, PolicyFileError) else f"{latest}: not a feather-train file ({e})"
+        return f"{reason}; refusing to unpickle it"
+    if buffer.exists():
+        digest = buffer.with_name(buffer.name + ".sha256")
+        if not digest.exists() or digest.read_text().strip() != _sha256(buffer):
+            return f"{buffer} does not match the digest feather-train wrote beside it; refusing to unpickle it"
+    return None
+
+
+def _hyperparameters(model) -> dict:
+    keys = ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "ent_coef", "learning_rate", "buffer_size",
+            "learning_starts", "train_freq", "target_update_interval", "exploration_fraction", "exploration_final_eps")
+    return {k: getattr(model, k) for k in keys if isinstance(getattr(model, k, None), (int, float, str))}
 
 
 def split_workloads(text: str) -> list[str]:

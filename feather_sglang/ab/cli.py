@@ -58,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(default: the file's arrival_s, else all at once)")
     p.add_argument("--policies", default="fcfs,lpm,dfs-weight,feather", help="comma-separated schedule policies")
     p.add_argument("--backends", default="torch_native,feather", help="comma-separated attention backends")
-    p.add_argument("--feather-agents", default="throughput",
+    p.add_argument("--feather-agents", default="admit",
                    help="comma-separated agents to run feather with (default: %(default)s, the server's default)")
     p.add_argument("--model", default=str(DEFAULT_MODEL))
     p.add_argument("--dtype", default="float32", help="float32 (default) keeps greedy outputs comparable bit for bit")

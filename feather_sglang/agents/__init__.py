@@ -1,6 +1,6 @@
 """Stop/add agents by name. Agents register here with :func:`register_agent`.
 
-An agent spec is a name (``static``, ``ucb``, ``qlearning``) or, for agents loaded from a
+An agent spec is a name (``admit``, ``throughput``, ``static``, ``ucb``, ``qlearning``) or, for agents loaded from a
 file (``takes_path``), ``name:PATH`` (``ppo:PATH``, ``dqn:PATH``).
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from feather_sglang.agents.admit import AdmitAgent
 from feather_sglang.agents.base import Action, AgentState, ServerShape, StopAddAgent
 from feather_sglang.agents.learned import DQNAgent, PolicyFileError, PPOAgent
 from feather_sglang.agents.qlearning import QLearningAgent
@@ -62,10 +63,10 @@ def make_agent(config: "FeatherConfig") -> StopAddAgent:
     return cls(config)
 
 
-for _cls in (ThroughputAgent, StaticRuleAgent, UCBAgent, QLearningAgent, PPOAgent, DQNAgent):
+for _cls in (AdmitAgent, ThroughputAgent, StaticRuleAgent, UCBAgent, QLearningAgent, PPOAgent, DQNAgent):
     register_agent(_cls)
 
 __all__ = [
-    "Action", "AgentState", "ServerShape", "StopAddAgent", "ThroughputAgent", "StaticRuleAgent", "UCBAgent", "QLearningAgent", "PPOAgent",
+    "Action", "AdmitAgent", "AgentState", "ServerShape", "StopAddAgent", "ThroughputAgent", "StaticRuleAgent", "UCBAgent", "QLearningAgent", "PPOAgent",
     "DQNAgent", "PolicyFileError", "agent_choices", "agent_names", "make_agent", "register_agent", "validate_agent",
 ]

@@ -12,6 +12,7 @@ config turns into a start-up error.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import zipfile
@@ -20,11 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from feather_sglang.agents.base import Action, AgentState, StopAddAgent
+from feather_sglang.agents.base import Action, AgentState
 from feather_sglang.agents.features import OBS_DIM, OBS_FIELDS, OBS_VERSION, observe
+from feather_sglang.agents.throughput import ThroughputAgent
 
 META_MEMBER = "feather_policy.json"
 WEIGHTS_MEMBER = "policy.pth"
+# An MLP policy for 12 observations is tens of KB; anything near this is not one of ours.
+MAX_MEMBER_BYTES = 64 << 20
 # Where each algorithm's MLP lives in SB3's state dict (hidden layers, then the output layer).
 _LAYER_PREFIXES = {
     "ppo": ("mlp_extractor.policy_net.", "action_net."),
@@ -35,6 +39,28 @@ _ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
 
 class PolicyFileError(ValueError):
     """A policy file cannot be served; the message says which file and what is wrong."""
+
+
+def manifest_of(path: str | Path) -> dict[str, str]:
+    """SHA-256 of every member of a policy file but the metadata member, which records it:
+    feather-train writes it, and a file whose members do not match it was not (or was changed
+    since)."""
+    with zipfile.ZipFile(path) as zf:
+        return {n: hashlib.sha256(zf.read(n)).hexdigest() for n in sorted(zf.namelist()) if n != META_MEMBER}
+
+
+def check_manifest(path: str | Path, meta: dict, where: str) -> None:
+    """Raise :class:`PolicyFileError` unless the file's members are exactly those its metadata
+    records, none of them oversized."""
+    with zipfile.ZipFile(path) as zf:
+        big = [i.filename for i in zf.infolist() if i.file_size > MAX_MEMBER_BYTES]
+    if big:
+        raise PolicyFileError(f"{where}: member(s) {', '.join(big)} exceed {MAX_MEMBER_BYTES >> 20} MiB; "
+                              "not a feather-train policy file")
+    recorded = meta.get("manifest")
+    if not isinstance(recorded, dict) or recorded != manifest_of(path):
+        raise PolicyFileError(f"{where}: its members do not match the manifest feather-train records; only "
+                              "files written by feather-train (and unchanged since) are loaded")
 
 
 @dataclass(frozen=True)
@@ -94,8 +120,12 @@ def load_policy(path: str | Path, algo: str) -> NumpyPolicy:
             raise PolicyFileError(f"{where}: unknown activation {activation!r}; allowed: {', '.join(_ACTIVATIONS)}")
         if WEIGHTS_MEMBER not in names:
             raise PolicyFileError(f"{where}: has no {WEIGHTS_MEMBER} (the network's weights)")
+    check_manifest(path, meta, where)
+    with zipfile.ZipFile(path) as zf:
         state_dict = _load_state_dict(zf.read(WEIGHTS_MEMBER), where)
     weights, biases = _extract_layers(state_dict, algo, where)
+    if not all(np.isfinite(a).all() for a in (*weights, *biases)):
+        raise PolicyFileError(f"{where}: the network has non-finite weights (NaN or inf); retrain it")
     if weights[0].shape[0] != OBS_DIM or weights[-1].shape[1] != 2:
         raise PolicyFileError(f"{where}: incompatible network: input {weights[0].shape[0]} (expected {OBS_DIM} "
                               f"observations), output {weights[-1].shape[1]} (expected 2 actions)")
@@ -144,8 +174,12 @@ def cached_policy(path: str, algo: str) -> NumpyPolicy:
     return _CACHE[key]
 
 
-class LearnedAgent(StopAddAgent):
-    """A trained policy's greedy action; ADD on an empty batch (STOP would run nothing)."""
+class LearnedAgent(ThroughputAgent):
+    """A trained policy's greedy action; ADD on an empty batch (STOP would run nothing).
+
+    It keeps the throughput agent's step-time model, refined online the same way, because the
+    observation includes that model's predicted gain (:mod:`~feather_sglang.agents.features`).
+    """
 
     algo: str = ""
     takes_path = True
@@ -162,13 +196,7 @@ class LearnedAgent(StopAddAgent):
     def decide(self, state: AgentState) -> Action:
         if state.batch_size == 0:
             return Action.ADD
-        return self.policy.act(observe(state))
-
-    def checkpoint(self) -> object:  # stateless: nothing to copy per pass
-        return None
-
-    def restore(self, checkpoint: object) -> None:
-        pass
+        return self.policy.act(observe(state, self.model))
 
 
 class PPOAgent(LearnedAgent):

@@ -27,6 +27,24 @@ from feather_sglang.agents.step_model import StepTimeModel
 MIN_THROUGHPUT_RATIO = 0.98
 
 
+def group_gain(model: StepTimeModel, state: AgentState) -> tuple[int, float]:
+    """(the KV tokens the candidate and the followers of its group that fit need, the batch's
+    predicted throughput with them over without them) for a non-empty batch.
+
+    The followers counted are the group's waiting requests, at most the free slots and at most
+    what the KV pool holds beside the candidate (all of them where the pool is unknown)."""
+    batch = state.batch_size
+    k = max(1, min(state.group_waiting, state.free_slots))
+    if state.kv_free_tokens >= 0 and state.own_tokens > 0:
+        fit = 1 + max(state.kv_free_tokens - state.new_tokens, 0) // state.own_tokens
+        k = min(k, fit)
+    group_kv = state.new_tokens + (k - 1) * state.own_tokens
+    now = model.attended(state.batch_unique_tokens, state.batch_tokens)
+    extra = group_kv if model.prefix_shared else k * state.prompt_tokens
+    before = model.throughput(batch, now)
+    return group_kv, model.throughput(batch + k, now + extra) / before if before else 1.0
+
+
 class ThroughputAgent(StopAddAgent):
     """ADD while the predicted decode throughput of the batch does not fall (module docstring)."""
 
@@ -42,19 +60,12 @@ class ThroughputAgent(StopAddAgent):
             self.model = StepTimeModel(prefix_shared=server.prefix_shared_attention)
 
     def decide(self, state: AgentState) -> Action:
-        batch = state.batch_size
-        if batch == 0:
+        if state.batch_size == 0:
             return Action.ADD
-        k = max(1, min(state.group_waiting, state.free_slots))
-        group_kv = state.new_tokens + (k - 1) * state.own_tokens
-        if 0 <= state.kv_free_tokens < group_kv:
+        if 0 <= state.kv_free_tokens < state.new_tokens:
             return Action.STOP
-        model = self.model
-        now = model.attended(state.batch_unique_tokens, state.batch_tokens)
-        extra = group_kv if model.prefix_shared else k * state.prompt_tokens
-        before = model.throughput(batch, now)
-        after = model.throughput(batch + k, now + extra)
-        return Action.ADD if after >= MIN_THROUGHPUT_RATIO * before else Action.STOP
+        _, gain = group_gain(self.model, state)
+        return Action.ADD if gain >= MIN_THROUGHPUT_RATIO else Action.STOP
 
     def on_decode_step(self, batch_size: int, unique_tokens: int, tokens: int, step_time_s: float) -> None:
         self.model.observe(batch_size, self.model.attended(unique_tokens, tokens), step_time_s)

@@ -29,6 +29,10 @@ import sys
 from pathlib import Path
 
 PTH_NAME = "feather_sglang_cpu_runtime.pth"
+# One line that Python's site module executes at every start-up: it imports the boot module
+# only while feather_sglang is installed, so a .pth left behind by an uninstall does nothing.
+PTH_LINE = ('import importlib.util as _feather_u; '
+            '_feather_u.find_spec("feather_sglang") and __import__("feather_sglang.cpu_runtime.boot")\n')
 ENV_DISABLE = "FEATHER_CPU_RUNTIME_DISABLE"  # set to 1 to switch the runtime off
 ENV_APPLIED = "FEATHER_CPU_RUNTIME_APPLIED"  # set by apply(), inherited by children
 REQUIREMENTS = Path(__file__).with_name("requirements-cpu.txt")
@@ -73,7 +77,7 @@ def server_defaults(values: dict) -> dict:
     """The server settings this runtime changes on a GPU-less host, given the current ones
     (ServerArgs field names -> values). Only settings left at sglang's defaults are changed;
     returns {field: new value}, empty where a GPU is present or nothing needs changing."""
-    if gpu_present() or os.environ.get(ENV_DISABLE) == "1" or values.get("device") not in (None, "cpu"):
+    if accelerator_present() or os.environ.get(ENV_DISABLE) == "1" or values.get("device") not in (None, "cpu"):
         return {}
     changes = {}
     if values.get("device") is None:
@@ -96,12 +100,37 @@ def gpu_present() -> bool:
     )
 
 
+# Device nodes of the accelerators SGLang can serve on besides NVIDIA/AMD GPUs: Ascend NPUs,
+# Habana Gaudi HPUs, Moore Threads GPUs, and generic accelerator nodes (/dev/accel: Gaudi, TPUs).
+_ACCELERATOR_GLOBS = ("davinci[0-9]*", "hl[0-9]*", "mtgpu*", "accel/accel*")
+
+
+def accelerator_present() -> bool:
+    """True if any accelerator SGLang could use is visible: a GPU (:func:`gpu_present`), an
+    Intel GPU bound to the ``xe`` or ``i915`` driver with a discrete-GPU render node, or the
+    device nodes of ``_ACCELERATOR_GLOBS``. The CPU runtime applies only where this is False."""
+    if gpu_present():
+        return True
+    dev = Path("/dev")
+    if any(next(dev.glob(pattern), None) is not None for pattern in _ACCELERATOR_GLOBS):
+        return True
+    for node in Path("/sys/class/drm").glob("renderD*"):
+        try:
+            driver = (node / "device" / "driver").resolve().name
+            vendor = (node / "device" / "vendor").read_text().strip()
+        except OSError:
+            continue
+        if vendor == "0x8086" and driver == "xe":
+            return True
+    return False
+
+
 def apply() -> list[str]:
     """Apply the CPU runtime to this process. Returns what was done, one line each.
 
     Cheap (no heavy imports): it runs at start-up of every Python in the venv.
     """
-    if os.environ.get(ENV_DISABLE) == "1" or gpu_present():
+    if os.environ.get(ENV_DISABLE) == "1" or accelerator_present():
         return []
     from . import sgl_kernel_standin, torchvision_fix
 
@@ -121,6 +150,7 @@ def status() -> dict:
     """What the runtime does on this host, for ``python -m feather_sglang.cpu_runtime status``."""
     return {
         "gpu_present": gpu_present(),
+        "accelerator_present": accelerator_present(),
         "disabled_by_env": os.environ.get(ENV_DISABLE) == "1",
         "applied_in_this_process": os.environ.get(ENV_APPLIED) == "1",
         "pth_installed": _pth_path().exists(),
@@ -137,10 +167,10 @@ def _pth_path() -> Path:
 
 def install_pth() -> str:
     """Write the start-up hook into this environment's site-packages (CPU hosts only)."""
-    if gpu_present():
-        return "GPU present: CPU runtime not installed (install sglang normally)"
+    if accelerator_present():
+        return "accelerator present: CPU runtime not installed (install sglang normally)"
     path = _pth_path()
-    line = "import feather_sglang.cpu_runtime.boot\n"
+    line = PTH_LINE
     if path.exists() and path.read_text() == line:
         return f"CPU runtime already installed: {path}"
     path.write_text(line)

@@ -93,14 +93,12 @@ def from_cli_args_after(result, cls, args: argparse.Namespace):
     except FeatherConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if getattr(result, "schedule_policy", None) == POLICY_NAME and getattr(result, "enable_priority_scheduling", False):
-        print(
-            "error: --schedule-policy feather cannot be combined with --enable-priority-scheduling: "
-            "feather orders the queue by shared prefix (with a starvation bound, "
-            "--feather-max-wait-s); SGLang's priority scheduling works with fcfs or lof only",
-            file=sys.stderr,
-        )
+    problems = startup_refusals(result, check_hooks=True)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
+    _cuda_graphs_off_for_feather_backend(result)
     if given and getattr(result, "schedule_policy", None) != POLICY_NAME:
         logger.warning(
             "feather options %s are ignored: --schedule-policy is %r, not 'feather'",
@@ -114,6 +112,43 @@ def from_cli_args_after(result, cls, args: argparse.Namespace):
 
 
 _CPU_FIELDS = ("device", "attention_backend", "disable_overlap_schedule", "dtype")
+
+
+def startup_refusals(server_args, check_hooks: bool = False) -> list[str]:
+    """Everything about ``server_args`` feather refuses to start with (see ``refusals``)."""
+    from feather_sglang.sglang_integration import ATTENTION_BACKEND_NAME, refusals, trace
+
+    problems = []
+    if getattr(server_args, "schedule_policy", None) == POLICY_NAME:
+        problems += refusals.policy_refusals(server_args)
+        if check_hooks:
+            missing = refusals.missing_hooks()
+            if missing:
+                problems.append("--schedule-policy feather needs scheduler hooks that SGLang's HookRegistry did "
+                                f"not apply ({', '.join(missing)}); feather-sglang supports sglang "
+                                f"{_sglang_supported()} (see the log above for why a hook failed)")
+    if getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME:
+        problems += refusals.backend_refusals(server_args, refusals.local_hf_config(server_args.model_path))
+    problem = trace.check_path()
+    if problem:
+        problems.append(problem)
+    return problems
+
+
+def _sglang_supported() -> str:
+    from feather_sglang.sglang_integration import SGLANG_VERSION
+
+    return SGLANG_VERSION
+
+
+def _cuda_graphs_off_for_feather_backend(server_args) -> None:
+    """Feather's backend has no CUDA-graph capture: turn graphs off, as SGLang does for torch_native."""
+    from feather_sglang.sglang_integration import ATTENTION_BACKEND_NAME
+
+    if getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME and not server_args.disable_cuda_graph:
+        server_args.disable_cuda_graph = True
+        logger.warning("CUDA graphs are disabled because of --attention-backend feather (as SGLang does for "
+                       "torch_native): feather's backend does not capture graphs")
 
 
 def make_engine_server_args_factory(server_args_class):
@@ -137,6 +172,10 @@ def make_engine_server_args_factory(server_args_class):
             )
         kwargs.update(_cpu_defaults({k: kwargs.get(k) for k in _CPU_FIELDS}))
         server_args = server_args_class(**kwargs)
+        problems = startup_refusals(server_args, check_hooks=True)
+        if problems:
+            raise FeatherConfigError("; ".join(problems))
+        _cuda_graphs_off_for_feather_backend(server_args)
         _attach(server_args, config)
         return server_args
 

@@ -24,6 +24,7 @@ import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
 from feather_kernels.dispatch import decode_impl, plan_decode_batch, plan_extend_batch, run_decode, run_extend
+from feather_sglang.sglang_integration.faults import FaultLog
 
 logger = logging.getLogger(__name__)
 BACKEND_NAME = "feather"
@@ -34,6 +35,11 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         super().__init__(model_runner)
         self._decode_plan = None
         self._extend_plan = None
+        # NOTE: a fault in the prefix-shared paths turns them off for good: torch_native's
+        # code, the reference these paths match, serves every later step (and redoes the
+        # failed one, which overwrites the whole output).
+        self.faults = FaultLog("feather attention backend")
+        self.fallen_back = False
         device = torch.device(self.device)  # set by TorchNativeAttnBackend
         logger.info("feather attention backend: prefix-shared decode and extend (%s path)",
                     decode_impl(device))
@@ -41,8 +47,19 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
     def init_forward_metadata(self, forward_batch) -> None:
         super().init_forward_metadata(forward_batch)
         self._decode_plan = self._extend_plan = None
-        if forward_batch.encoder_lens is not None:
+        if forward_batch.encoder_lens is not None or self.fallen_back:
             return
+        try:
+            self._plan(forward_batch)
+        except Exception as exc:  # noqa: BLE001 - torch_native serves instead
+            self._fall_back(exc)
+
+    def _fall_back(self, exc: Exception) -> None:
+        self._decode_plan = self._extend_plan = None
+        self.fallen_back = True
+        self.faults.record("backend", exc, "torch_native's attention serves from now on")
+
+    def _plan(self, forward_batch) -> None:
         if forward_batch.forward_mode.is_extend() and forward_batch.extend_prefix_lens is not None:
             # None when nothing is shared: torch_native's per-request path.
             self._extend_plan = plan_extend_batch(
@@ -66,7 +83,14 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
                 sliding_window_size=sliding_window_size,
             )
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        run_decode(plan, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale)
+        try:
+            self.faults.check("backend")
+            run_decode(plan, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale)
+        except Exception as exc:  # noqa: BLE001
+            self._fall_back(exc)
+            return self._run_sdpa_forward_decode(
+                query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, encoder_lens,
+                scaling, enable_gqa, causal, is_cross_attn, sliding_window_size)
         return output
 
     def _run_sdpa_forward_extend(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices,
@@ -80,8 +104,15 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
                 is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size,
             )
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        run_extend(plan, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-                   extend_prefix_lens, extend_seq_lens, scale)
+        try:
+            self.faults.check("backend")
+            run_extend(plan, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                       extend_prefix_lens, extend_seq_lens, scale)
+        except Exception as exc:  # noqa: BLE001
+            self._fall_back(exc)
+            return self._run_sdpa_forward_extend(
+                query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_prefix_lens,
+                extend_seq_lens, encoder_lens, scaling, enable_gqa, causal, is_cross_attn, sliding_window_size)
         return output
 
 

@@ -11,6 +11,10 @@ Seams used (sglang 0.5.23, ``srt/managers``):
 - ``Scheduler._get_new_batch_prefill_raw`` tells it which planned requests were admitted.
 Finished and aborted requests are noticed by comparing the running batch each pass (O(batch))
 and the waiting-queue length (O(1); a full O(W) reconciliation only when it differs).
+
+Every seam is guarded (:mod:`feather_sglang.sglang_integration.faults`): a fault is logged and
+counted, feather's state is rebuilt from SGLang's queue and batch, and if that fails too feather
+stands down and the scheduler runs fcfs from then on.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from feather_sglang.planner import AdmissionPlanner
 from feather_sglang.sglang_integration import ATTENTION_BACKEND_NAME
 from feather_sglang.sglang_integration.args import POLICY_NAME, feather_config_of
 from feather_sglang.sglang_integration import trace
+from feather_sglang.sglang_integration.faults import FaultLog
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -54,9 +59,10 @@ class FeatherSchedulePolicy(SchedulePolicy):
         running_batch: Optional["ScheduleBatch"] = None,
         processed_tokens: int = 0,
     ) -> None:
-        if self.feather is None:
+        if self.feather is None or self.feather.stood_down:
             return super().calc_priority(waiting_queue, running_batch, processed_tokens)
-        self.feather.order(waiting_queue, running_batch)
+        if not self.feather.safe_order(waiting_queue, running_batch):
+            return super().calc_priority(waiting_queue, running_batch, processed_tokens)
         # NOTE: stock fcfs also prefix-matches every waiting request when the cache supports
         # fast matching, only to report matched tokens in the load snapshot; that O(W x T)
         # walk per pass is what feather exists to avoid, so it is skipped. Keeping waiting
@@ -88,6 +94,10 @@ class FeatherState:
         self.steps = 0
         self.busy_seconds = 0.0  # scheduler loop time between consecutive forward steps
         self._last_step_start: Optional[float] = None
+        self.faults = FaultLog("feather")
+        self.stood_down = False  # after a fault that a rebuild could not mend: fcfs for good
+        self._dirty = False  # a hook failed: rebuild from SGLang's queue and batch next pass
+        self.rebuilds = 0
 
     def attach(self, scheduler) -> None:
         config = feather_config_of(scheduler.server_args)
@@ -108,6 +118,69 @@ class FeatherState:
             dtype=str(server_args.dtype),
         ))
         logger.info("feather schedule policy: %s", config.as_dict())
+
+    # ---- fault containment ---------------------------------------------------------------
+    def guarded(self, seam: str, fn, *args) -> None:
+        """Run a hook; on a fault, log and count it and rebuild at the next pass."""
+        if self.stood_down:
+            return
+        try:
+            self.faults.check(seam)
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - no fault of feather's may reach the scheduler
+            self._dirty = True
+            self.faults.record(seam, exc, "feather's state will be rebuilt from the scheduler's queue and batch")
+
+    def safe_order(self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]) -> bool:
+        """:meth:`order`, rebuilding feather's state after a fault (and before the pass, after a
+        hook's fault); False once feather has stood down (the caller runs fcfs)."""
+        try:
+            if self._dirty:
+                self.rebuild(waiting_queue, running_batch)
+            self.faults.check("plan")
+            self.order(waiting_queue, running_batch)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            self.faults.record("plan", exc, "rebuilding feather's state from the scheduler's queue and batch")
+        try:
+            self.rebuild(waiting_queue, running_batch)
+            self.order(waiting_queue, running_batch)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            self.faults.record("rebuild", exc, "feather stands down")
+            self.stand_down()
+            return False
+
+    def rebuild(self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]) -> None:
+        """Feather's state anew from SGLang's waiting queue and running batch: a fresh CHT and
+        planner (the agent, with what it has learned, is kept). The starvation bound's clock
+        restarts for the requests waiting now."""
+        self.faults.check("rebuild")
+        agent = self.planner.agent
+        self.planner = AdmissionPlanner(self.planner.config)
+        self.planner.agent = agent
+        self.reqs, self.plan_rids = {}, frozenset()
+        self._slot, self._slot_base, self._synced_running = {}, 0, None
+        running = {} if running_batch is None else {r.rid: r for r in running_batch.reqs}
+        chunked = getattr(self.scheduler, "chunked_req", None)
+        if chunked is not None:
+            running[chunked.rid] = chunked
+        self.reqs.update(running)
+        self.planner.sync_running({rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()})
+        for i, req in enumerate(waiting_queue):
+            self.on_enqueue(req, i)
+        self._dirty = False
+        self.rebuilds += 1
+        logger.warning("feather: state rebuilt from the scheduler (%d waiting, %d running; %d rebuilds)",
+                       len(waiting_queue), len(running), self.rebuilds)
+
+    def stand_down(self) -> None:
+        self.stood_down = True
+        self.plan_rids = frozenset()
+        self.reqs, self._slot = {}, {}
+        logger.error("feather stands down after %d fault(s) %s: the scheduler runs fcfs for the rest of this "
+                     "server's life; restart the server to schedule with feather again",
+                     self.faults.total, dict(self.faults.counts))
 
     # ---- events from the scheduler -------------------------------------------------------
     def on_enqueue(self, req: "Req", queue_index: Optional[int] = None) -> None:
@@ -237,7 +310,15 @@ class FeatherState:
             self.log_stats()
 
     def on_idle(self) -> None:
-        self._last_step_start = None  # idle time is not step time
+        """No batch this loop: idle time is not step time; once nothing runs, the requests
+        that finished since the last pass are forgotten now (a pass comes only with a queue)."""
+        self._last_step_start = None
+        scheduler = self.scheduler
+        if (self.planner.cht.num_running and not scheduler.running_batch.reqs
+                and getattr(scheduler, "chunked_req", None) is None and not self.planner.has_pending):
+            for rid in self.planner.sync_running({}):
+                self._forget(rid)
+            self._synced_running = []
 
     def log_stats(self) -> None:
         """One line at SGLang's decode log interval: feather's share of the scheduler loop."""
@@ -249,9 +330,10 @@ class FeatherState:
         share = f"{100 * seconds / busy:.3f}% of step time" if busy > 0 else "n/a of step time"
         logger.info(
             "feather: sched_time=%.3f ms/pass (%s) passes=%d admitted=%d rolled_back=%d "
-            "starved=%d stops=%s waiting=%d running=%d resyncs=%d reindexes=%d",
+            "starved=%d stops=%s waiting=%d running=%d resyncs=%d reindexes=%d faults=%d rebuilds=%d",
             1e3 * seconds / passes, share, passes, s.admitted, s.rolled_back, s.starved, s.stops,
             self.planner.num_waiting, self.planner.cht.num_running, self.resyncs, self.reindexes,
+            self.faults.total, self.rebuilds,
         )
         learned = self.planner.agent.describe()
         if learned:
@@ -263,7 +345,7 @@ def make_prefill_adder_class(state: FeatherState) -> type[PrefillAdder]:
 
     class FeatherPrefillAdder(PrefillAdder):
         def add_one_req(self, req, has_chunked_req, truncation_align_size):
-            if req.rid not in state.plan_rids:
+            if req.rid not in state.plan_rids and not state.stood_down:
                 return AddReqResult.OTHER  # the agent said STOP (or the plan is used up)
             return super().add_one_req(req, has_chunked_req, truncation_align_size)
 
@@ -279,7 +361,11 @@ def _feather_state(scheduler) -> Optional[FeatherState]:
 def init_schedule_policy_after(result, scheduler, *args, **kwargs):
     state = _feather_state(scheduler)
     if state is not None:
-        state.attach(scheduler)
+        try:
+            state.attach(scheduler)
+        except Exception as exc:  # noqa: BLE001
+            state.faults.record("attach", exc, "feather stands down")
+            state.stand_down()
         scheduler._feather_adder_class = make_prefill_adder_class(state)
     return result
 
@@ -293,7 +379,7 @@ def add_request_to_queue_after(result, scheduler, req, *args, **kwargs):
     state = _feather_state(scheduler)
     queue = scheduler.waiting_queue
     if state is not None and queue and queue[-1] is req:
-        state.on_enqueue(req, len(queue) - 1)
+        state.guarded("enqueue", state.on_enqueue, req, len(queue) - 1)
     return result
 
 
@@ -306,16 +392,20 @@ def run_batch_around(original, scheduler, batch, *args, **kwargs):
     result = original(scheduler, batch, *args, **kwargs)
     ended = time.perf_counter()
     if state is not None:
-        state.on_step(batch, started, ended)
+        state.guarded("step", state.on_step, batch, started, ended)
     if tracer is not None:
-        tracer.record(batch, ended - started)
+        try:
+            tracer.record(batch, ended - started)
+        except Exception:  # noqa: BLE001 - a trace is never worth the server
+            logger.exception("feather batch trace failed; trace off")
+            trace.disable()
     return result
 
 
 def on_idle_after(result, scheduler, *args, **kwargs):
     state = _feather_state(scheduler)
     if state is not None:
-        state.on_idle()
+        state.guarded("step", state.on_idle)
     return result
 
 
@@ -323,5 +413,5 @@ def get_new_batch_prefill_raw_around(original, scheduler, *args, **kwargs):
     result = original(scheduler, *args, **kwargs)
     state = _feather_state(scheduler)
     if state is not None:
-        state.on_pass_end(result[0])
+        state.guarded("pass_end", state.on_pass_end, result[0])
     return result

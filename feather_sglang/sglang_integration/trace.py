@@ -19,10 +19,12 @@ O(batch x prefix) per step, outside both timed spans.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 
 ENV = "FEATHER_BATCH_TRACE"
+logger = logging.getLogger(__name__)
 
 
 def common_prefix_len(prompts) -> int:
@@ -73,14 +75,38 @@ class BatchTracer:
 
 
 _tracer: BatchTracer | None = None
+_failed = False
+
+
+def check_path() -> str | None:
+    """What is wrong with ``FEATHER_BATCH_TRACE`` (None: unset, or a file that can be appended
+    to); checked at start-up so that a bad path stops the launch, not the scheduler."""
+    path = os.environ.get(ENV)
+    if not path:
+        return None
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        return f"{ENV}={path}: cannot append to it ({e.strerror}); set it to a writable file or unset it"
+    return None
+
+
+def disable() -> None:
+    global _tracer, _failed
+    _tracer, _failed = None, True
 
 
 def tracer() -> BatchTracer | None:
-    global _tracer
-    if _tracer is None:
+    global _tracer, _failed
+    if _tracer is None and not _failed:
         path = os.environ.get(ENV)
         if path:
-            _tracer = BatchTracer(path)
+            try:
+                _tracer = BatchTracer(path)
+            except OSError as e:  # the path went bad after start-up: no trace, no crash
+                _failed = True
+                logger.error("%s=%s: cannot append to it (%s); batch trace off", ENV, path, e.strerror)
     return _tracer
 
 

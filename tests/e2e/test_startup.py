@@ -34,9 +34,9 @@ def test_help_lists_feather_and_its_options():
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--feather-agent", "nope"], "argument --feather-agent: --feather-agent: unknown agent 'nope'; allowed: dqn:PATH, ppo:PATH, qlearning, static, throughput, ucb"),
+        (["--feather-agent", "nope"], "argument --feather-agent: --feather-agent: unknown agent 'nope'; allowed: admit, dqn:PATH, ppo:PATH, qlearning, static, throughput, ucb"),
         (["--feather-agent", "ppo:/nonexistent/agent.zip"], "--feather-agent: ppo:/nonexistent/agent.zip: no such file"),
-        (["--feather-chunk-size", "0"], "--feather-chunk-size must be an integer >= 1, got 0"),
+        (["--feather-chunk-size", "0"], "--feather-chunk-size must be an integer >= 8, got 0"),
         (["--feather-max-wait-s", "-1"], "--feather-max-wait-s must be a number of seconds > 0"),
         (
             ["--feather-static-max-loss", "7", "--feather-static-max-loss-crowded", "5"],
@@ -59,7 +59,7 @@ def test_bad_feather_option_stops_start_up_with_a_clear_message(tiny_model, flag
 def test_engine_rejects_a_bad_feather_option_before_launching(tiny_model):
     import sglang
 
-    with pytest.raises(FeatherConfigError, match="--feather-chunk-size must be an integer >= 1, got 0"):
+    with pytest.raises(FeatherConfigError, match="--feather-chunk-size must be an integer >= 8, got 0"):
         sglang.Engine(model_path=str(tiny_model), schedule_policy="feather", feather_chunk_size=0)
 
 

@@ -121,7 +121,7 @@ def test_shipped_agent_loads_through_config_and_matches_sb3(shipped):
     for _ in range(300):
         s = _state(int(rng.integers(1, 40)), int(rng.integers(0, 40)), int(rng.integers(0, 40)),
                    int(rng.integers(0, 40)), int(rng.integers(0, 80)), float(rng.random()))
-        assert int(agent.decide(s)) == int(model.predict(observe(s), deterministic=True)[0])
+        assert int(agent.decide(s)) == int(model.predict(observe(s, agent.model), deterministic=True)[0])
     assert agent.decide(_state(0, 0, 9)) is Action.ADD  # never STOP on an empty batch
 
 

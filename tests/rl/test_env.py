@@ -28,7 +28,7 @@ def test_registered_and_check_env_passes_without_warnings():
         check_env(env.unwrapped, skip_render_check=True)
     assert [str(w.message) for w in caught if not _unrelated(w)] == []
     assert env.action_space == gym.spaces.Discrete(2)
-    assert env.observation_space.dtype == np.float32 and env.observation_space.shape == (7,)
+    assert env.observation_space.dtype == np.float32 and env.observation_space.shape == (12,)
 
 
 def _rollout(seed: int, actions_seed: int, workloads=("gsp", "no-sharing")):
@@ -65,7 +65,7 @@ def test_candidates_come_from_feathers_cht_and_the_return_is_the_weighted_batch_
         state = info["state"]
         assert (state.batch_size, state.chunks_before, state.chunks_after, state.waiting) == (
             view.batch_size, view.chunks_before, view.chunks_after, view.waiting)
-        assert obs[0] == pytest.approx(state.batch_size / 64) and 0.0 <= obs[6] <= 1.0
+        assert obs[0] == pytest.approx(state.batch_size / (state.batch_size + state.free_slots)) and 0.0 <= obs[6] <= 1.0
         obs, reward, terminated, truncated, info = env.step(1)  # always ADD
         total += reward
         batches += info["dispatched"]

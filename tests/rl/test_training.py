@@ -22,7 +22,7 @@ def _mean_return(agent_spec: str, seeds=range(6)) -> float:
 
 def test_short_ppo_run_beats_random_and_resumes(tmp_path):
     out = tmp_path / "run"
-    args = ["--algo", "ppo", "--workloads", TRAIN_WORKLOADS, "--seed", "0", "--out", str(out), "--checkpoint-every", "2048"]
+    args = ["--env", "batch", "--algo", "ppo", "--workloads", TRAIN_WORKLOADS, "--seed", "0", "--out", str(out), "--checkpoint-every", "2048"]
     assert train.main([*args, "--timesteps", "4096"]) == 0
     for name in ("model.zip", "latest.zip", "monitor.csv", "progress.csv", "learning_curve.png", "provenance.json"):
         assert (out / name).exists(), name
@@ -47,7 +47,7 @@ def test_eval_writes_rows_and_summary(tmp_path, capsys):
     shipped = evaluate.shipped_agents()
     assert shipped, "no shipped agent"
     out = tmp_path / "eval.json"
-    assert evaluate.main(["--agents", ",".join(["static", "always-add", "random", "ucb", shipped[0]]),
+    assert evaluate.main(["--env", "batch", "--agents", ",".join(["static", "always-add", "random", "ucb", shipped[0]]),
                           "--workloads", "multilevel", "--workload-file", str(wfile), "--seeds", "2",
                           "--warmup-episodes", "2", "--json", str(out)]) == 0
     data = json.loads(out.read_text())

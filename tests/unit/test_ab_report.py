@@ -100,7 +100,7 @@ def test_table_has_a_row_per_configuration():
     [
         (["--workload", "gsp", "--policies", "fcfs,best"], "--policies: unknown policy 'best'; allowed: lpm, dfs-weight"),
         (["--workload", "gsp", "--backends", "cuda_magic"], "--backends: unknown attention backend 'cuda_magic'; allowed:"),
-        (["--workload", "gsp", "--feather-agents", "genius"], "--feather-agents: unknown agent 'genius'; allowed: dqn:PATH, ppo:PATH, qlearning, static, throughput, ucb"),
+        (["--workload", "gsp", "--feather-agents", "genius"], "--feather-agents: unknown agent 'genius'; allowed: admit, dqn:PATH, ppo:PATH, qlearning, static, throughput, ucb"),
         (["--workload", "gsp", "--feather-agents", "static,ppo:/nowhere.zip"], "--feather-agents: ppo:/nowhere.zip: no such file"),
         (["--workload", "gsp", "--repeats", "0"], "--repeats must be >= 1, got 0"),
         (["--workload", "gsp", "--request-rate", "2"], "--request-rate needs --mode online"),

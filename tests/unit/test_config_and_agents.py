@@ -10,17 +10,17 @@ from feather_sglang.config import FeatherConfig, FeatherConfigError
 
 def test_defaults_are_the_papers_values():
     c = FeatherConfig()
-    assert (c.chunk_size, c.agent, c.static_max_loss, c.static_max_loss_crowded) == (50, "throughput", 5, 7)
+    assert (c.chunk_size, c.agent, c.static_max_loss, c.static_max_loss_crowded) == (50, "admit", 5, 7)
     assert (c.static_crowd_threshold, c.static_floor_max, c.prefix_leader) == (10, 10, True)
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"chunk_size": 0}, "--feather-chunk-size must be an integer >= 1, got 0"),
-        ({"chunk_size": 2.5}, "--feather-chunk-size must be an integer >= 1, got 2.5"),
-        ({"chunk_size": "x"}, "--feather-chunk-size must be an integer >= 1, got 'x'"),
-        ({"agent": "nope"}, "--feather-agent: unknown agent 'nope'; allowed: dqn:PATH, ppo:PATH, qlearning, static, throughput, ucb"),
+        ({"chunk_size": 0}, "--feather-chunk-size must be an integer >= 8, got 0"),
+        ({"chunk_size": 2.5}, "--feather-chunk-size must be an integer >= 8, got 2.5"),
+        ({"chunk_size": "x"}, "--feather-chunk-size must be an integer >= 8, got 'x'"),
+        ({"agent": "nope"}, "--feather-agent: unknown agent 'nope'; allowed: admit, dqn:PATH, ppo:PATH, qlearning, static, throughput, ucb"),
         ({"max_wait_s": -1}, "--feather-max-wait-s must be a number of seconds > 0"),
         ({"max_wait_s": 0}, "--feather-max-wait-s must be a number of seconds > 0"),
         ({"max_wait_s": float("nan")}, "--feather-max-wait-s must be a number of seconds > 0"),
@@ -40,7 +40,7 @@ def test_from_prefixed_parses_strings_and_rejects_unknown_keys():
     c = FeatherConfig.from_prefixed(
         {"feather_chunk_size": "64", "feather_max_wait_s": "inf", "feather_prefix_leader": "false", "feather_agent": None}
     )
-    assert c.chunk_size == 64 and math.isinf(c.max_wait_s) and c.prefix_leader is False and c.agent == "throughput"
+    assert c.chunk_size == 64 and math.isinf(c.max_wait_s) and c.prefix_leader is False and c.agent == "admit"
     with pytest.raises(FeatherConfigError, match="unknown feather option 'feather_chunksize'"):
         FeatherConfig.from_prefixed({"feather_chunksize": 3})
 
@@ -57,7 +57,7 @@ def _state(batch, before, after, waiting=0, queue=10):
 def test_static_rule():
     agent = make_agent(FeatherConfig(agent="static"))
     assert isinstance(agent, StaticRuleAgent)
-    assert agent_names() == ["dqn", "ppo", "qlearning", "static", "throughput", "ucb"]
+    assert agent_names() == ["admit", "dqn", "ppo", "qlearning", "static", "throughput", "ucb"]
     assert agent.decide(_state(0, 0, 40)) is Action.ADD  # first request always
     assert agent.decide(_state(1, 9, 0)) is Action.ADD  # a lone request's chain is not shared
     assert agent.decide(_state(3, 20, 15)) is Action.ADD  # loss 5 <= 5

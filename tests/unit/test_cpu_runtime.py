@@ -64,3 +64,26 @@ def test_server_defaults_only_fill_what_was_left_default(monkeypatch):
     assert cpu_runtime.server_defaults(defaults)["dtype"] == "bfloat16"
     monkeypatch.setattr(cpu_runtime, "gpu_present", lambda: True)
     assert cpu_runtime.server_defaults(defaults) == {}
+
+
+def test_the_pth_line_is_harmless_once_feather_sglang_is_gone():
+    """After ``pip uninstall`` the .pth may stay behind: its line must then do nothing."""
+    import subprocess
+    import sys
+
+    from feather_sglang.cpu_runtime import PTH_LINE
+
+    # -I -S: no site-packages, so feather_sglang cannot be found, as after an uninstall
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", PTH_LINE + "print('ok')"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok" and out.stderr == ""
+    assert PTH_LINE.startswith("import ") and PTH_LINE.count("\n") == 1  # site executes it as one line
+
+
+def test_no_cpu_defaults_where_an_accelerator_is_present(monkeypatch):
+    import feather_sglang.cpu_runtime as rt
+
+    monkeypatch.setattr(rt, "accelerator_present", lambda: True)
+    assert rt.server_defaults({"device": None, "attention_backend": None}) == {}
+    monkeypatch.setattr(rt, "accelerator_present", lambda: False)
+    assert rt.server_defaults({"device": None, "attention_backend": None})["device"] == "cpu"

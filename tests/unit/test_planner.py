@@ -7,7 +7,7 @@ import pytest
 from feather_sglang.config import FeatherConfig
 from feather_sglang.planner import AdmissionPlanner
 
-CHUNK = 4
+CHUNK = 8
 
 
 def prompt(group: int, i: int, prefix_chunks: int = 10) -> list[int]:

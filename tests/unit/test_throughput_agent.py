@@ -1,10 +1,11 @@
-"""The default agent: ADD/STOP from the batch's predicted throughput and the KV pool's room."""
+"""The default agent (admit: ADD while the KV pool holds the candidate) and the throughput agent
+(ADD/STOP from the batch's predicted throughput and the pool's room)."""
 
 from __future__ import annotations
 
 import pytest
 
-from feather_sglang.agents import Action, AgentState, ServerShape, ThroughputAgent
+from feather_sglang.agents import Action, AdmitAgent, AgentState, ServerShape, ThroughputAgent
 from feather_sglang.agents.step_model import REFIT_EVERY, StepTimeModel
 from feather_sglang.config import FeatherConfig
 from feather_sglang.planner import AdmissionPlanner
@@ -16,8 +17,9 @@ def group_prompt(group: int, i: int, prefix_tokens: int = 1000, own: int = 50) -
     return [100_000 * (group + 1) + t for t in range(prefix_tokens)] + [7 + i] * own
 
 
-def planner(kv_shape: ServerShape | None = None) -> AdmissionPlanner:
-    p = AdmissionPlanner(FeatherConfig(chunk_size=CHUNK))  # the default agent
+def planner(kv_shape: ServerShape | None = None, agent: str | None = None) -> AdmissionPlanner:
+    config = FeatherConfig(chunk_size=CHUNK) if agent is None else FeatherConfig(chunk_size=CHUNK, agent=agent)
+    p = AdmissionPlanner(config)
     if kv_shape is not None:
         p.agent.bind_server(kv_shape)
     return p
@@ -29,16 +31,17 @@ def two_groups(p: AdmissionPlanner, per_group: int = 8) -> None:
             p.on_enqueue(f"g{g}-{i}", group_prompt(g, i))
 
 
-def test_throughput_is_the_default_agent():
-    assert FeatherConfig().agent == "throughput"
-    assert isinstance(planner().agent, ThroughputAgent)
+def test_admit_is_the_default_agent():
+    assert FeatherConfig().agent == "admit"
+    assert isinstance(planner().agent, AdmitAgent)
+    assert isinstance(planner(agent="throughput").agent, ThroughputAgent)
 
 
 @pytest.mark.parametrize("prefix_shared", [True, False])
-def test_same_queue_ample_pool_adds_tight_pool_stops(prefix_shared):
+def test_same_queue_ample_pool_adds_tight_pool_stops(prefix_shared, agent="throughput"):
     """The decision changes with memory pressure alone: one queue, two pools."""
     shape = ServerShape(prefix_shared_attention=prefix_shared, max_running_requests=64, kv_capacity_tokens=0)
-    ample, tight = planner(shape), planner(shape)
+    ample, tight = planner(shape, agent), planner(shape, agent)
     for p in (ample, tight):
         two_groups(p)
     # group 0 (8 x 1,050 tokens, 1,000 shared) needs ~1,400 KV tokens; group 1 as much again
@@ -50,7 +53,7 @@ def test_same_queue_ample_pool_adds_tight_pool_stops(prefix_shared):
 
 
 def test_empty_batch_always_admits_even_without_room():
-    p = planner()
+    p = planner(agent="throughput")
     two_groups(p, per_group=2)
     plan = p.plan(max_new=64, kv_free_tokens=10, kv_capacity_tokens=10)
     assert plan.rids[0] == "g0-0"
@@ -85,7 +88,7 @@ def test_the_starvation_bound_holds_whatever_the_agent_says():
     """A tight pool makes the agent STOP before group 1; once g1-0 has waited longer than
     --feather-max-wait-s it is admitted all the same."""
     now = [0.0]
-    p = AdmissionPlanner(FeatherConfig(chunk_size=CHUNK, max_wait_s=10), clock=lambda: now[0])
+    p = AdmissionPlanner(FeatherConfig(chunk_size=CHUNK, max_wait_s=10, agent="throughput"), clock=lambda: now[0])
     two_groups(p, per_group=4)
     plan = p.plan(max_new=64, kv_free_tokens=1_500, kv_capacity_tokens=1_500)
     assert plan.stop_reason == "agent" and {r[:2] for r in plan.rids} == {"g0"}

@@ -1,0 +1,91 @@
+"""Fault containment: an exception in feather's code never reaches SGLang's scheduler.
+
+Every seam (the pass's planning, the enqueue, pass-end, step and idle hooks, the attention
+backend's prefix-shared paths) runs under :meth:`FaultLog.record` on failure: the first fault
+of a seam is logged with its traceback, later ones as one counted line. The scheduler's state
+is then rebuilt from SGLang's own queue and batch; if that fails too, feather stands down and
+the scheduler runs fcfs for the rest of the server's life (the backend runs torch_native's
+attention). See ``docs/reliability.md``.
+
+Fault injection, for tests only: ``FEATHER_FAULT_INJECT=plan:5`` (a seam and the call that
+fails, several separated by commas) takes effect only when ``FEATHER_FAULT_INJECT_ACK`` holds
+the exact phrase :data:`ACK_PHRASE` as well; without it the variable is ignored with a warning,
+so one stray variable cannot break a production server. When on, the server logs it at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+
+logger = logging.getLogger(__name__)
+
+INJECT_ENV = "FEATHER_FAULT_INJECT"
+ACK_ENV = "FEATHER_FAULT_INJECT_ACK"
+ACK_PHRASE = "break-this-test-server"
+SEAMS = ("plan", "rebuild", "enqueue", "pass_end", "step", "backend")
+
+
+class InjectedFault(RuntimeError):
+    """Raised at a seam by ``FEATHER_FAULT_INJECT``."""
+
+
+class FaultInjector:
+    """Raises :class:`InjectedFault` at the n-th call of each named seam."""
+
+    def __init__(self, spec: str) -> None:
+        self.at: dict[str, int] = {}
+        for part in spec.split(","):
+            seam, _, n = part.strip().partition(":")
+            if seam not in SEAMS or not n.isdigit() or int(n) < 1:
+                raise ValueError(f"{INJECT_ENV}={spec!r}: expected SEAM:N[,SEAM:N] with SEAM one of "
+                                 f"{', '.join(SEAMS)} and N >= 1")
+            self.at[seam] = int(n)
+        self.calls: Counter = Counter()
+
+    @classmethod
+    def from_env(cls) -> "FaultInjector | None":
+        spec = os.environ.get(INJECT_ENV)
+        if not spec:
+            return None
+        if os.environ.get(ACK_ENV) != ACK_PHRASE:
+            logger.warning("%s is set but %s does not hold the test phrase: fault injection stays off",
+                           INJECT_ENV, ACK_ENV)
+            return None
+        injector = cls(spec)
+        logger.warning("feather FAULT INJECTION is on (%s=%s): for tests only", INJECT_ENV, spec)
+        return injector
+
+    def check(self, seam: str) -> None:
+        if seam in self.at:
+            self.calls[seam] += 1
+            if self.calls[seam] == self.at[seam]:
+                raise InjectedFault(f"injected fault at {seam} call {self.at[seam]}")
+
+
+class FaultLog:
+    """Counts faults per seam; the first of each seam is logged with its traceback."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.counts: Counter = Counter()
+        self.injector = FaultInjector.from_env()
+
+    def check(self, seam: str) -> None:
+        if self.injector is not None:
+            self.injector.check(seam)
+
+    def record(self, seam: str, exc: BaseException, then: str) -> None:
+        self.counts[seam] += 1
+        n = self.counts[seam]
+        if n == 1:
+            logger.error("%s: fault in %s (%s: %s); %s", self.where, seam, type(exc).__name__, exc, then,
+                         exc_info=exc)
+        else:
+            logger.error("%s: fault in %s again (%d so far; %s: %s); %s", self.where, seam, n,
+                         type(exc).__name__, exc, then)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())

@@ -1,0 +1,99 @@
+"""Server configurations feather does not support, refused at start-up (exit code 2).
+
+Each check returns what is wrong and what is allowed, or nothing. The launcher's argument hook
+(:mod:`feather_sglang.sglang_integration.args`) prints them and exits with 2 before any model is
+loaded; the attention backend repeats the model checks when it is built, for models whose
+configuration could not be read at argument time (a hub id not yet downloaded).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+POLICY_TARGETS = (  # the scheduler seams the feather policy needs (see install_hooks)
+    "sglang.srt.managers.scheduler.Scheduler.init_schedule_policy",
+    "sglang.srt.managers.scheduler.Scheduler.get_prefill_adder_class",
+    "sglang.srt.managers.scheduler.Scheduler._add_request_to_queue",
+    "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
+    "sglang.srt.managers.scheduler.Scheduler.run_batch",
+    "sglang.srt.managers.scheduler.Scheduler.on_idle",
+)
+
+
+def policy_refusals(server_args) -> list[str]:
+    """Why ``--schedule-policy feather`` cannot run with these arguments (empty: it can)."""
+    out = []
+    if getattr(server_args, "enable_priority_scheduling", False):
+        out.append("--schedule-policy feather cannot be combined with --enable-priority-scheduling: feather "
+                   "orders the queue by shared prefix (with a starvation bound, --feather-max-wait-s); "
+                   "SGLang's priority scheduling works with fcfs or lof only")
+    if (getattr(server_args, "pp_size", 1) or 1) > 1:
+        out.append(f"--schedule-policy feather does not support pipeline parallelism (--pp-size "
+                   f"{server_args.pp_size}): SGLang queues requests there without the hooks feather keeps "
+                   "its queue with; allowed: --pp-size 1 (tensor and data parallelism are fine)")
+    mode = getattr(server_args, "disaggregation_mode", "null")
+    if mode not in (None, "null"):
+        out.append(f"--schedule-policy feather does not support PD disaggregation (--disaggregation-mode {mode}); "
+                   "allowed: --disaggregation-mode null")
+    if getattr(server_args, "dllm_algorithm", None):
+        out.append(f"--schedule-policy feather does not support diffusion language models (--dllm-algorithm "
+                   f"{server_args.dllm_algorithm}); use it with autoregressive models")
+    return out
+
+
+def backend_refusals(server_args, hf_config: dict | None) -> list[str]:
+    """Why ``--attention-backend feather`` cannot run with these arguments and this model."""
+    out = []
+    kv = str(getattr(server_args, "kv_cache_dtype", "auto") or "auto")
+    if kv.startswith(("fp8", "fp4")):
+        out.append(f"--attention-backend feather does not support --kv-cache-dtype {kv}; allowed: auto, "
+                   "bfloat16, float16, float32")
+    if getattr(server_args, "speculative_algorithm", None):
+        out.append(f"--attention-backend feather does not support speculative decoding (--speculative-algorithm "
+                   f"{server_args.speculative_algorithm}): its verify masks are not implemented")
+    out += model_refusals(hf_config)
+    return out
+
+
+def model_refusals(hf_config: dict | None) -> list[str]:
+    """Attention features of a model (its config.json) that feather's backend does not implement."""
+    if not hf_config:
+        return []
+    out = []
+    if hf_config.get("attn_logit_softcapping"):
+        out.append(f"--attention-backend feather does not implement attention logit soft-capping "
+                   f"(this model's attn_logit_softcapping={hf_config['attn_logit_softcapping']}); "
+                   "use SGLang's own backends for it")
+    if hf_config.get("model_type") == "gpt_oss" or hf_config.get("attention_sinks") or hf_config.get("sink_size"):
+        out.append("--attention-backend feather does not implement attention sinks (this model has them); "
+                   "use SGLang's own backends for it")
+    return out
+
+
+def local_hf_config(model_path: str | None) -> dict | None:
+    """The model's config.json when ``model_path`` is a local directory; None otherwise."""
+    if not model_path:
+        return None
+    path = Path(model_path) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def missing_hooks() -> list[str]:
+    """The scheduler seams whose hooks SGLang's HookRegistry did not apply (it only logs that)."""
+    import importlib
+
+    from feather_sglang.sglang_integration.policy import FeatherSchedulePolicy
+
+    missing = []
+    scheduler = importlib.import_module("sglang.srt.managers.scheduler")
+    if scheduler.SchedulePolicy is not FeatherSchedulePolicy:
+        missing.append("sglang.srt.managers.scheduler.SchedulePolicy")
+    for target in POLICY_TARGETS:
+        method = getattr(scheduler.Scheduler, target.rsplit(".", 1)[1], None)
+        if method is None or not hasattr(method, "__wrapped__"):
+            missing.append(target)
+    return missing
