@@ -36,6 +36,7 @@ test-fast: setup
 
 bench-overhead: setup
 	$(PYTHON) scripts/bench_overhead.py --json results/bench_overhead.json
+	.venv/bin/feather-bench-scale --waiting 10000,50000 --json results/scale/scale.json
 
 bench-overhead-quick: setup
 	$(PYTHON) scripts/bench_overhead.py --quick --json results/bench_overhead_quick.json

@@ -24,6 +24,7 @@ after all (token budget, memory) are put back by :meth:`AdmissionPlanner.end_pas
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
@@ -69,6 +70,8 @@ class AdmissionPlanner:
         self.clock = clock
         # Waiting requests in arrival order -> the time they (re-)entered the queue.
         self._waiting_since: dict[Hashable, float] = {}
+        self._enqueue_seq: dict[Hashable, int] = {}  # rid -> order of its (re-)enqueue, for ties
+        self._seq = itertools.count()
         self._pending: list[Hashable] = []  # planned, admission not yet confirmed
         self._admit_states: list[tuple[Hashable, AgentState]] = []  # agent-admitted in the plan
         self._agent_checkpoint: object = None
@@ -86,12 +89,17 @@ class AdmissionPlanner:
             self.cht.add_waiting(rid, token_ids)
         self._waiting_since.pop(rid, None)
         self._waiting_since[rid] = self.clock()
+        self._enqueue_seq[rid] = next(self._seq)
+
+    def is_waiting(self, rid: Hashable) -> bool:
+        return rid in self.cht and self.cht.state(rid) is RequestState.WAITING
 
     def forget(self, rid: Hashable) -> None:
         """A request left for good (finished, aborted) from wherever it was."""
         if rid in self.cht:
             self.cht.remove(rid)
         self._waiting_since.pop(rid, None)
+        self._enqueue_seq.pop(rid, None)
 
     def sync_running(self, running: dict[Hashable, Callable[[], Iterable[int]]]) -> list[Hashable]:
         """Make the CHT's running set equal ``running`` (rid -> lazy prompt token ids).
@@ -113,6 +121,7 @@ class AdmissionPlanner:
             if self.cht.state(rid) is RequestState.WAITING:
                 self.cht.admit(rid)
                 self._waiting_since.pop(rid, None)
+                self._enqueue_seq.pop(rid, None)
         return gone
 
     def sync_waiting(self, waiting: dict[Hashable, Callable[[], Iterable[int]]]) -> list[Hashable]:
@@ -272,13 +281,13 @@ class AdmissionPlanner:
         oldest = next((rid for rid in self._waiting_since if cht.state(rid) is RequestState.WAITING), None)
         if oldest is None or self._waiting_since[oldest] >= deadline:
             return drain
-        group = cht.waiting_group(oldest)  # waiting requests only
-        # The group's starved members, oldest first: the front of _waiting_since.
-        for rid, since in self._waiting_since.items():
-            if since >= deadline:
-                break
-            if rid in group:
-                drain.append(rid)
+        # The group's starved members, oldest first, from the group itself: O(g log g) for a
+        # group of g, never a scan of every starved request (a no-sharing backlog is all
+        # groups of one). Order: enqueue time, then the order of enqueueing.
+        since, seq = self._waiting_since, self._enqueue_seq
+        starved = [rid for rid in cht.waiting_group(oldest) if since[rid] < deadline]
+        starved.sort(key=lambda rid: (since[rid], seq[rid]))
+        drain.extend(starved)
         return drain
 
     def _needs_leader(self, rid, cached_prefix_tokens) -> bool:
@@ -302,6 +311,7 @@ class AdmissionPlanner:
         for rid in self._pending:
             if rid in admitted:
                 self._waiting_since.pop(rid, None)
+                self._enqueue_seq.pop(rid, None)
                 self.stats.admitted += 1
             elif rid in self.cht and self.cht.state(rid) is RequestState.RUNNING:
                 self.cht.retract(rid)

@@ -114,6 +114,7 @@ def install_hooks() -> None:
     )
     reg(f"{_SCHED}.Scheduler.run_batch", policy.run_batch_around, HookType.AROUND)
     reg(f"{_SCHED}.Scheduler.on_idle", policy.on_idle_after, HookType.AFTER)
+    reg(f"{_SCHED}.Scheduler._release_aborted_request", policy.release_aborted_request_after, HookType.AFTER)
     _install_trace_hooks(reg, HookType)
 
 

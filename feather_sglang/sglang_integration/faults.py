@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 INJECT_ENV = "FEATHER_FAULT_INJECT"
 ACK_ENV = "FEATHER_FAULT_INJECT_ACK"
 ACK_PHRASE = "break-this-test-server"
-SEAMS = ("plan", "rebuild", "enqueue", "pass_end", "step", "backend")
+SEAMS = ("plan", "rebuild", "enqueue", "abort", "pass_end", "step", "backend")
 
 
 class InjectedFault(RuntimeError):

@@ -20,6 +20,7 @@ stands down and the scheduler runs fcfs from then on.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Optional
 
@@ -27,6 +28,7 @@ from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, Sche
 from sglang.srt.mem_cache.common import match_kv_cache
 
 from feather_sglang.agents import ServerShape
+from feather_sglang.cht import RequestState
 from feather_sglang.planner import AdmissionPlanner
 from feather_sglang.sglang_integration import ATTENTION_BACKEND_NAME
 from feather_sglang.sglang_integration.args import POLICY_NAME, feather_config_of
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 
 logger = logging.getLogger(__name__)
+# FEATHER_CHECK_INVARIANTS=1: check feather's view against the queue and the batch every pass.
+CHECK_INVARIANTS = os.environ.get("FEATHER_CHECK_INVARIANTS") == "1"
 
 
 
@@ -98,6 +102,8 @@ class FeatherState:
         self.stood_down = False  # after a fault that a rebuild could not mend: fcfs for good
         self._dirty = False  # a hook failed: rebuild from SGLang's queue and batch next pass
         self.rebuilds = 0
+        self.reused_rids = 0
+        self.adopted = 0  # requests queued without the enqueue hook, found at the queue's tail
 
     def attach(self, scheduler) -> None:
         config = feather_config_of(scheduler.server_args)
@@ -184,11 +190,26 @@ class FeatherState:
 
     # ---- events from the scheduler -------------------------------------------------------
     def on_enqueue(self, req: "Req", queue_index: Optional[int] = None) -> None:
-        """``req`` entered the waiting queue (at ``queue_index``, if known)."""
+        """``req`` entered the waiting queue (at ``queue_index``, if known). A request under a rid
+        feather tracks for another request object is a new request (a reused rid), not a
+        retraction: the old one is forgotten first."""
+        known = self.reqs.get(req.rid)
+        if known is not None and known is not req:
+            self.planner.forget(req.rid)
+            self._forget(req.rid)
+            self.reused_rids += 1
         self.reqs[req.rid] = req
         if queue_index is not None:
             self._slot[req.rid] = queue_index + self._slot_base
         self.planner.on_enqueue(req.rid, req.origin_input_ids)
+
+    def on_removed(self, req: "Req") -> None:
+        """SGLang released an aborted request (``_release_aborted_request``): if it was waiting,
+        it has left the queue; forget it now, so the queue's length still tells whether anything
+        else changed behind feather's back."""
+        if self.reqs.get(req.rid) is req and self.planner.is_waiting(req.rid):
+            self.planner.forget(req.rid)
+            self._forget(req.rid)
 
     def on_pass_end(self, new_batch: Optional["ScheduleBatch"]) -> None:
         admitted = [r.rid for r in new_batch.reqs] if new_batch is not None else []
@@ -235,6 +256,8 @@ class FeatherState:
             lazy_tokens = {rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()}
             for rid in planner.sync_running(lazy_tokens):
                 self._forget(rid)
+        if waiting_queue and not self._known_waiting(waiting_queue[-1]):
+            self._adopt_tail(waiting_queue)
         if len(waiting_queue) != planner.num_waiting:
             self.resyncs += 1
             for rid in planner.sync_waiting({r.rid: (lambda r=r: r.origin_input_ids) for r in waiting_queue}):
@@ -253,8 +276,54 @@ class FeatherState:
         self.plan_rids = frozenset(plan.rids)
         if plan.rids:
             self._move_to_front(waiting_queue, [reqs[rid] for rid in plan.rids])
+        if CHECK_INVARIANTS:
+            self.check_invariants(waiting_queue, running_batch)
         self.sched_seconds += time.perf_counter() - start
         self.passes += 1
+
+    def _known_waiting(self, req: "Req") -> bool:
+        return self.reqs.get(req.rid) is req and self.planner.is_waiting(req.rid)
+
+    def _adopt_tail(self, queue: list["Req"], end: Optional[int] = None) -> None:
+        """``queue[:end]`` ends in requests feather does not know as waiting: they were appended
+        without the enqueue hook (``waiting_queue.extend``); take them in, at O(their number).
+        Appends go to the end, and every hooked enqueue and every pass first adopt what precedes
+        them, so unknown requests only ever sit in one run at the end."""
+        end = len(queue) if end is None else end
+        start = end
+        while start > 0 and not self._known_waiting(queue[start - 1]):
+            start -= 1
+        for i in range(start, end):
+            self.on_enqueue(queue[i], i)
+        self.adopted += end - start
+
+    def on_enqueue_hooked(self, queue: list["Req"], req: "Req") -> None:
+        """The enqueue hook: ``req`` was appended to ``queue``; anything appended before it
+        without the hook is adopted first."""
+        last = len(queue) - 1
+        if last > 0 and not self._known_waiting(queue[last - 1]):
+            self._adopt_tail(queue, last)
+        self.on_enqueue(req, last)
+
+    def check_invariants(self, queue: list["Req"], running_batch: Optional["ScheduleBatch"]) -> None:
+        """``FEATHER_CHECK_INVARIANTS=1``, after a pass's plan: the queue's rids are the CHT's
+        waiting set plus this pass's plan, and the batch (with the chunked request) plus the plan
+        its running set. O(W); for tests and debugging."""
+        cht, planned = self.planner.cht, set(self.plan_rids)
+        queued = {r.rid for r in queue}
+        waiting = {rid for rid in self.reqs if rid in cht and cht.state(rid) is RequestState.WAITING}
+        if queued - planned != waiting or len(waiting) != cht.num_waiting or not planned <= queued:
+            raise AssertionError(f"feather invariant: the queue holds {len(queued)} rids ({len(planned)} planned), "
+                                 f"the CHT waits on {cht.num_waiting}; only in the queue: "
+                                 f"{sorted(queued - planned - waiting)[:5]}, only in the CHT: {sorted(waiting - queued)[:5]}")
+        if running_batch is not None:
+            running = {r.rid for r in running_batch.reqs}
+            chunked = getattr(self.scheduler, "chunked_req", None)
+            if chunked is not None:
+                running.add(chunked.rid)
+            if running | planned != set(cht.running_ids()):
+                raise AssertionError(f"feather invariant: batch + plan {sorted(running | planned)[:5]} != CHT "
+                                     f"running {sorted(cht.running_ids())[:5]}")
 
     def _move_to_front(self, queue: list["Req"], planned: list["Req"]) -> None:
         """Put ``planned`` at the front of ``queue``, in order, by swaps: O(len(planned)).
@@ -379,7 +448,7 @@ def add_request_to_queue_after(result, scheduler, req, *args, **kwargs):
     state = _feather_state(scheduler)
     queue = scheduler.waiting_queue
     if state is not None and queue and queue[-1] is req:
-        state.guarded("enqueue", state.on_enqueue, req, len(queue) - 1)
+        state.guarded("enqueue", state.on_enqueue_hooked, queue, req)
     return result
 
 
@@ -399,6 +468,13 @@ def run_batch_around(original, scheduler, batch, *args, **kwargs):
         except Exception:  # noqa: BLE001 - a trace is never worth the server
             logger.exception("feather batch trace failed; trace off")
             trace.disable()
+    return result
+
+
+def release_aborted_request_after(result, scheduler, req, *args, **kwargs):
+    state = _feather_state(scheduler)
+    if state is not None:
+        state.guarded("abort", state.on_removed, req)
     return result
 
 

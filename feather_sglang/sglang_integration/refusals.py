@@ -18,6 +18,7 @@ POLICY_TARGETS = (  # the scheduler seams the feather policy needs (see install_
     "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
     "sglang.srt.managers.scheduler.Scheduler.run_batch",
     "sglang.srt.managers.scheduler.Scheduler.on_idle",
+    "sglang.srt.managers.scheduler.Scheduler._release_aborted_request",
 )
 
 

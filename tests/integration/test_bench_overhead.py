@@ -33,3 +33,19 @@ def test_bench_overhead_json_shape(tmp_path):
     feather = [r for r in result["rows"] if r["policy"] == "feather"]
     assert all(r.get("picks", 0) > 0 for r in feather)
     assert "| policy" in run.stdout or "feather" in run.stdout
+
+
+def test_scale_benchmark_writes_per_pass_quantiles(tmp_path, capsys):
+    """feather-bench-scale at a small W: every scenario runs through calc_priority without a
+    fault or a full resync, and the JSON records the machine and the commit."""
+    import json
+
+    from feather_bench import scale
+
+    out = tmp_path / "scale.json"
+    assert scale.main(["--waiting", "300", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["scenario"] for r in data["rows"]] == ["fresh", "starved no-sharing", "after an abort"]
+    assert all(r["resyncs"] == 0 and r["p99_us"] >= r["p50_us"] > 0 for r in data["rows"])
+    assert data["provenance"]["git"]["commit"] and data["provenance"]["machine"]["cpu"]
+    print(capsys.readouterr().out)

@@ -271,9 +271,14 @@ class MiniScheduler:
         gone = set(finished)
         self.running_batch.reqs = [r for r in self.running_batch.reqs if r.rid not in gone]
 
-    def abort_waiting(self, rid: str) -> None:
-        """Scheduler.abort_request on a waiting request: popped without telling the policy."""
-        self.waiting_queue = [r for r in self.waiting_queue if r.rid != rid]
+    def abort_waiting(self, rid: str, hooked: bool = True) -> None:
+        """Scheduler.abort_request on a waiting request: popped, then
+        ``_release_aborted_request(req)`` with feather's AFTER hook (``hooked=False``: a removal
+        feather is not told about)."""
+        (i,) = [i for i, r in enumerate(self.waiting_queue) if r.rid == rid]
+        req = self.waiting_queue.pop(i)
+        if hooked:
+            policy_mod.release_aborted_request_after(None, self, req)
 
     def retract(self, rid: str) -> Req:
         """ScheduleBatch.retract_decode + _add_request_to_queue(req, is_retracted=True)."""
@@ -543,7 +548,7 @@ def test_finished_requests_are_forgotten_and_memory_returns_to_baseline():
     sched.feather.on_pass_end(None)
     assert sched.footprint() == EMPTY
     assert sched.feather.reqs == {}
-    assert sched.feather.planner._waiting_since == {}
+    assert sched.feather.planner._waiting_since == {} and sched.feather.planner._enqueue_seq == {}
 
 
 def test_aborted_waiting_request_is_reconciled_next_pass():
@@ -552,7 +557,7 @@ def test_aborted_waiting_request_is_reconciled_next_pass():
     victim = sorted(group)[0]
     other = next(r.rid for r in sched.waiting_queue if r.rid not in group)
     sched.abort_waiting(victim)
-    sched.abort_waiting(other)
+    sched.abort_waiting(other, hooked=False)  # one removal feather was not told about
     resyncs = sched.feather.resyncs
     record = sched.step()
     assert sched.feather.resyncs == resyncs + 1
@@ -607,7 +612,7 @@ def test_running_request_requeued_without_the_hook_is_reconciled():
     sched.running_batch.reqs.remove(victim)
     sched.waiting_queue.append(victim)
     record = sched.step()
-    assert sched.feather.resyncs == 1
+    assert sched.feather.resyncs == 0 and sched.feather.adopted == 1  # found at the queue's tail
     assert victim.rid in record.plan
     assert sched.state(victim.rid) is RequestState.RUNNING
 
@@ -880,3 +885,97 @@ def test_unhooked_add_and_abort_between_passes_do_not_take_the_server_down():
     order = drain(sched)
     assert reqs[-1].rid in order
     assert sched.feather.planner.cht.num_waiting == 0 and not sched.feather.stood_down
+
+
+def test_a_hooked_abort_costs_no_resync_and_an_unhooked_append_is_adopted_from_the_tail():
+    sched = MiniScheduler("feather")
+    reqs = grouped_reqs()
+    for r in reqs[:-1]:
+        sched.add_request(r)
+    sched.step()
+    sched.abort_waiting(sched.waiting_queue[3].rid)
+    sched.waiting_queue.append(reqs[-1])  # queued without the enqueue hook
+    sched.step()
+    assert sched.feather.resyncs == 0 and sched.feather.adopted == 1 and sched.feather.faults.total == 0
+
+
+def test_a_reused_rid_is_a_new_request():
+    sched = MiniScheduler("feather")
+    first = make_req("g0-0", prompt(0, 0))
+    sched.add_request(first)
+    sched.step()
+    sched.finish("g0-0")
+    again = make_req("g0-0", prompt(1, 0))  # same rid, another prompt
+    sched.add_request(again)
+    assert sched.feather.reused_rids == 1 and sched.feather.reqs["g0-0"] is again
+    sched.add_request(make_req("g1-1", prompt(1, 1)))
+    # the CHT holds the new prompt's keys: it shares group 1's prefix, not group 0's
+    assert sched.feather.planner.cht.waiting_group_size("g0-0") == 2
+    record = sched.step()
+    assert "g0-0" in record.admitted and sched.feather.faults.total == 0
+
+
+# ---- 9. churn: every way the queue and the batch change, checked after every pass -------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+OPS = ("arrive", "arrive", "arrive", "step", "step", "finish", "abort", "unhooked_abort", "unhooked_requeue",
+       "retract", "reuse_rid")
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 10**6)), min_size=180, max_size=220))
+def test_churn_keeps_feather_exact(monkeypatch_module, ops):
+    """Arrivals, aborts (told and untold), requeues without the hook, retractions, finishes,
+    reused rids and chunked prefills in any order: no fault, the invariants hold after every
+    pass, and once everything has drained and the scheduler idled feather holds nothing."""
+    sched = MiniScheduler("feather", chunked_prefill_size=300, max_running_requests=6)
+    serial, done = [0], []
+
+    def new_req(rid=None, n=0):
+        serial[0] += 1
+        return make_req(rid or f"g{n % 4}-{serial[0]}", prompt(n % 4, serial[0]), max_new_tokens=4)
+
+    for op, n in ops:
+        running = [r for r in sched.running_batch.reqs]
+        waiting = [r for r in sched.waiting_queue]
+        if op == "arrive":
+            sched.add_request(new_req(n=n))
+        elif op == "step":
+            sched.step()
+        elif op == "finish" and running:
+            r = running[n % len(running)]
+            sched.finish(r.rid)
+            done.append(r.rid)
+        elif op in ("abort", "unhooked_abort") and waiting:
+            r = waiting[n % len(waiting)]
+            sched.abort_waiting(r.rid, hooked=op == "abort")
+            done.append(r.rid)
+        elif op == "unhooked_requeue" and running:
+            r = running[n % len(running)]
+            sched.running_batch.reqs.remove(r)
+            sched.waiting_queue.append(r)  # e.g. a PP retract queue's extend(...)
+        elif op == "retract" and running:
+            sched.retract(running[n % len(running)].rid)
+        elif op == "reuse_rid" and done:
+            rid = done.pop(n % len(done))
+            sched.add_request(new_req(rid=rid, n=n))
+        assert sched.feather.faults.total == 0, dict(sched.feather.faults.counts)
+    for _ in range(400):  # drain
+        if not sched.waiting_queue and not sched.running_batch.reqs and sched.chunked_req is None:
+            break
+        sched.step()
+        sched.finish(*rids(sched.running_batch.reqs))
+    policy_mod.on_idle_after(None, sched)
+    assert sched.feather.faults.total == 0, dict(sched.feather.faults.counts)
+    assert not sched.waiting_queue and sched.feather.reqs == {}
+    assert sched.footprint() == EMPTY
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    """FEATHER_CHECK_INVARIANTS for the churn test: the check runs in every pass."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(policy_mod, "CHECK_INVARIANTS", True)
+    yield mp
+    mp.undo()

@@ -180,6 +180,33 @@ def test_bad_policy_files_fail_at_configuration_with_a_clear_message(shipped, tm
             if name != "feather_policy.json":
                 dst.writestr(name, src.read(name))
     assert "has no feather_policy.json" in error(f"ppo:{bare}")
+    # a member changed after feather-train wrote the file: its digest no longer matches
+    tampered = tmp_path / "tampered.zip"
+    with zipfile.ZipFile(shipped) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            dst.writestr(name, data + b"\0" if name == "policy.optimizer.pth" else data)
+    assert "do not match the manifest" in error(f"ppo:{tampered}")
+    # non-finite weights, in a file whose manifest is right
+    import io
+
+    import torch
+
+    nan = tmp_path / "nan.zip"
+    with zipfile.ZipFile(shipped) as src, zipfile.ZipFile(nan, "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            if name == "policy.pth":
+                weights = torch.load(io.BytesIO(data), weights_only=True)
+                key = next(k for k in weights if k.startswith("action_net.") and k.endswith("weight"))
+                weights[key][0, 0] = float("nan")
+                buffer = io.BytesIO()
+                torch.save(weights, buffer)
+                data = buffer.getvalue()
+            if name != "feather_policy.json":
+                dst.writestr(name, data)
+    set_meta(nan, meta)  # rewrites the manifest for the new members
+    assert "non-finite weights" in error(f"ppo:{nan}")
 
 
 # ---- memory headroom in the planner ---------------------------------------------------------

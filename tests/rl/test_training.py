@@ -36,6 +36,12 @@ def test_short_ppo_run_beats_random_and_resumes(tmp_path):
     prov = json.loads((out / "provenance.json").read_text())
     assert prov["training"]["timesteps_done"] >= 5120 and prov["command"].startswith(("feather-train", "python", "pytest"))
     assert len((out / "monitor.csv").read_text().splitlines()) > episodes_before
+    # --resume refuses a latest.zip that feather-train did not write
+    import zipfile
+
+    with zipfile.ZipFile(out / "latest.zip", "a") as zf:
+        zf.writestr("extra.pkl", b"not ours")
+    assert train.main([*args, "--timesteps", "9000", "--resume"]) == 2
 
 
 def test_eval_writes_rows_and_summary(tmp_path, capsys):
