@@ -75,7 +75,7 @@ ab-quick: setup
 BENCH_SERVING_ARGS ?= --workloads memory-ample,memory-bound-cpu,no-sharing-cpu --repeats 2
 bench-serving: setup
 	.venv/bin/feather-bench-serving --model models/SmolLM2-135M-Instruct $(BENCH_SERVING_ARGS)
-	.venv/bin/feather-bench-serving --report > docs/bench-serving.md
+	$(PYTHON) -m feather_bench.docs
 
 bench-dtype: setup
 	$(PYTHON) scripts/bench_dtype.py --json results/bench_dtype.json

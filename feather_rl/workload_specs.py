@@ -19,8 +19,8 @@ from feather_sglang.workloads import SPECS, Workload, WorkloadError, build_workl
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TOKENIZER = REPO / "models" / "tiny-llama"  # SmolLM2's tokenizer
-# feather-8x100's shape until stop 13 (prompts cut to 400 tokens), the one the shipped agents were
-# trained on; the A/B tool's feather-8x100 now has 2,000-token prompts, outside the replay data.
+# feather-8x100 with 400-token prompts: within the replay recording's prompt lengths (the A/B
+# tool's feather-8x100 has 2,000-token prompts, outside them).
 FEATHER_8X8_P400 = SPECS["feather-8x100-p400"]
 # Training mixes the three A/B shapes and a few gsp variants; batchllm's shape, multilevel (and
 # any workload file) are held out for evaluation.

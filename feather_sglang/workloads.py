@@ -19,7 +19,7 @@ feather-8x100   8 groups x 8 requests, prefix 2000,          Feather: 800 reques
                 question 24, output 16, shuffled             groups (8 x 100) of long-context
                                                              prompts (2.7K-210K tokens): 1/12.5
                                                              of the requests, prompts cut to
-                                                             2,000 tokens (until stop 13: 400)
+                                                             2,000 tokens
 feather-8x50    8 groups x 50 requests, prefix 400,          Feather's 8 x 100 at half the
                 question 24, output 16 (400 requests: more   requests: lpm's 128-request
                 than lpm's 128 wait for 272 admissions)      cut-off and groups larger than
@@ -35,9 +35,9 @@ no-sharing      32 requests of 440 distinct tokens,          control: nothing sh
                 output 16
 =============== ============================================ ================================
 
-``SPECS`` names two parameter sets of ``gsp``: ``feather-8x100-p400`` and ``batchllm-half``, the
-shapes of feather-8x100 and batchllm until stop 13 (:func:`parse_spec` reads them and the
-``NAME:key=value,...`` form).
+``SPECS`` names two parameter sets of ``gsp``: ``feather-8x100-p400`` (feather-8x100 with
+400-token prompts) and ``batchllm-half`` (BatchLLM's sizes halved); :func:`parse_spec` reads
+them and the ``NAME:key=value,...`` form.
 
 A workload file is JSON Lines, one request per line::
 
@@ -181,8 +181,7 @@ def _feather_groups(tokenizer, seed: int, per_group: int, prefix_len: int, name:
 def feather_8x100(tokenizer, seed: int = 0) -> Workload:
     """Feather's 8 groups at 1/12.5 of the requests (8 x 8), prompts cut to 2,000 tokens: about
     the longest that keeps one configuration within a few minutes here (the paper's are 2.7K
-    tokens and up). Until stop 13 the prompts were cut to 400 tokens; that shape is
-    ``gsp(groups=8, prompts_per_group=8, prefix_len=400, question_len=24, output_len=16)``."""
+    tokens and up). The same with 400-token prompts is ``SPECS["feather-8x100-p400"]``."""
     return _feather_groups(tokenizer, seed, 8, 2000, "feather-8x100",
                            "Feather's 8 prefix groups, scaled from 8 x 100 to 8 x 8 requests, prefix 2000")
 
@@ -198,9 +197,7 @@ def feather_8x50(tokenizer, seed: int = 0) -> Workload:
 
 def batchllm(tokenizer, seed: int = 0) -> Workload:
     """BatchLLM's shape at its own sizes: 4 prefixes of 2000 tokens, each shared by 16 requests
-    with 200 distinct tokens. (Before stop 13 every size was halved; that shape is
-    ``gsp(groups=4, prompts_per_group=8, prefix_len=1000, question_len=100, output_len=16)``,
-    token for token.)"""
+    with 200 distinct tokens. Every size halved is ``SPECS["batchllm-half"]``."""
     w = gsp(tokenizer, seed, groups=4, prompts_per_group=16, prefix_len=2000, question_len=200, output_len=16)
     return replace(w, name="batchllm",
                    description="BatchLLM's prefix 2000 / share 16 / distinct 200, 4 prefixes")
@@ -242,9 +239,9 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
 }
 
 
-# Named parameter sets of the built-ins ("NAME:key=value,..."): the shapes feather-8x100 and
-# batchllm had until stop 13, on which the shipped RL agents were trained and evaluated and the
-# A/B tool's older results were run. The one place they are written (Makefile, RL, tests).
+# Named parameter sets of the built-ins ("NAME:key=value,..."): feather-8x100 with 400-token
+# prompts and batchllm at half its sizes, the shapes the replay recording covers. The one place
+# they are written (Makefile, RL, tests).
 SPECS: dict[str, str] = {
     "feather-8x100-p400": "gsp:groups=8,prompts_per_group=8,prefix_len=400,question_len=24,output_len=16",
     "batchllm-half": "gsp:groups=4,prompts_per_group=8,prefix_len=1000,question_len=100,output_len=16",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Decode attention step time: feather's prefix-shared CPU path vs torch_native (issue 4, item 4).
+"""Decode attention step time: feather's prefix-shared CPU path vs torch_native .
 
     .venv/bin/python scripts/bench_attention.py --json results/bench_attention.json
     .venv/bin/python scripts/bench_attention.py --quick
@@ -36,10 +36,10 @@ slots.
 
 Full grid: B in {4, 16, 64} x P in {512, 2048, 8192} x dtype in {float32, bfloat16}, plus the
 two target cells (B16/P2048, B64/P8192, float32) in the other layout (rows and summary keys
-``*_allocator_layout`` by default) and at the shape of the measurement in ``sglang-on-cpu.md``
-the targets come from (8 query and 8 KV heads, head dim 64; rows with ``"shape":
+``*_allocator_layout`` by default) and at the reference shape
+the targets are stated for (8 query and 8 KV heads, head dim 64; rows with ``"shape":
 "reference"``); ``--quick``: B in {4, 16} x P in {512, 2048}, float32 only.
-``--extend`` adds the issue's extend case (``prefix_shared_extend`` vs torch_native's extend
+``--extend`` adds the extend case (``prefix_shared_extend`` vs torch_native's extend
 loop, which attends all ``seq_len`` query rows and keeps the new ones).
 ``--server`` adds the end-to-end comparison on a real server
 (:func:`feather_sglang.bench.attention_e2e.run_server_comparison`): total times, their split
@@ -78,8 +78,8 @@ from feather_sglang.bench.timing import medians_ms  # noqa: E402
 from feather_sglang.tools.machine import describe  # noqa: E402
 
 HQ, HKV, HEAD_DIM = 9, 3, 64  # SmolLM2-135M-Instruct
-# The shape of the measurement in ../shared/reference/sglang-on-cpu.md ("8 heads, head dim 64")
-# that issue 4's targets (8x at B16/P2048, 12x at B64/P8192) were set from.
+# 8 query and 8 KV heads of dimension 64: the shape the speed-up targets (8x at B16/P2048,
+# 12x at B64/P8192) are stated for.
 REFERENCE_SHAPE = (8, 8)
 SUFFIX = 64
 
@@ -140,7 +140,7 @@ def torch_native_extend(q, k_cache, v_cache, req_to_token, req_pool_indices, seq
 
 
 def run_extend(dtypes, requests: int, prefix: int, new_tokens: int, repeats: int) -> list[dict]:
-    """The issue's extend case: ``requests`` requests extending ``new_tokens`` each over a
+    """The extend case: ``requests`` requests extending ``new_tokens`` each over a
     cached ``prefix``-token shared prefix, one layer."""
     rows = []
     for dtype in dtypes:
@@ -357,12 +357,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per cell")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads for both sides (default 1: stable medians "
-                             "on a shared 2-core machine, as in sglang-on-cpu.md)")
+                             "on a shared 2-core machine)")
     parser.add_argument("--batches", type=_ints, help="comma-separated B values (overrides the grid)")
     parser.add_argument("--prefixes", type=_ints, help="comma-separated P values (overrides the grid)")
     parser.add_argument("--no-reference-shape", action="store_true",
-                        help="skip the rows at the shape of sglang-on-cpu.md's measurement (8 query "
-                             "and 8 KV heads) that the targets come from (full grid only)")
+                        help="skip the rows at the reference shape (8 query "
+                             "and 8 KV heads) the targets are stated for (full grid only)")
     parser.add_argument("--layout", choices=LAYOUTS, default="scattered",
                         help="slot ids of the grid's batches: scattered at random over the pool "
                              "(default, the hardest case for reads) or as SGLang's allocator lays "
@@ -370,7 +370,7 @@ def main(argv=None) -> int:
                              "slots, one slot per request per decode step); the full grid adds "
                              "the two target cells in the other layout")
     parser.add_argument("--extend", action="store_true",
-                        help="also time the issue's extend case (31 requests x 383 new tokens "
+                        help="also time the extend case (31 requests x 383 new tokens "
                              "over a cached 815-token prefix), rows under \"extend_rows\"")
     parser.add_argument("--split", action="store_true",
                         help="also time the group finder's split at a deeper branch (a system prompt "
@@ -387,8 +387,7 @@ def main(argv=None) -> int:
                              "32; default 1); with more, fcfs batches mix groups")
     parser.add_argument("--server-prefix-repeat", type=int, default=40,
                         help="times the system prompt's topic text is repeated (default 40: "
-                             "prompts of ~740 tokens sharing 728; 44: ~812 sharing 800, the size "
-                             "issue #4 names)")
+                             "prompts of ~740 tokens sharing 728; 44: ~812 sharing 800)")
     parser.add_argument("--server-rounds", type=int, default=2,
                         help="fresh servers per backend, interleaved (default 2)")
     parser.add_argument("--server-repeats", type=int, default=2,

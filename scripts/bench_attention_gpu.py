@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Decode attention on an NVIDIA GPU: feather's fused Triton kernel vs SGLang's Triton decode
-kernel vs FlashInfer's cascade attention (issue 4, item 5; run by ``scripts/gpu_check.sh``).
+kernel vs FlashInfer's cascade attention (run by ``scripts/gpu_check.sh``).
 
     python scripts/bench_attention_gpu.py --json results/bench_attention_gpu.json
     python scripts/bench_attention_gpu.py --smoke          # CPU, TRITON_INTERPRET=1, correctness

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Scheduling overhead per pass: feather against SGLang's lpm and dfs-weight (issue 3, item 2).
+"""Scheduling overhead per pass: feather against SGLang's lpm and dfs-weight.
 
     .venv/bin/python scripts/bench_overhead.py --quick --json results/bench_overhead_quick.json
     .venv/bin/python scripts/bench_overhead.py --json results/bench_overhead.json

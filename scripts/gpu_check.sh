@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 4, item 5): on a machine with an NVIDIA GPU, in under 5 minutes,
+# GPU check: on a machine with an NVIDIA GPU, in under 5 minutes,
 #   1. the GPU kernel tests (decode and extend):  pytest -m gpu tests/kernels
 #   2. the attention benchmark on GPU: feather's fused Triton kernel vs SGLang's Triton decode
 #      kernel vs FlashInfer's cascade attention (where flashinfer imports), with a correctness
@@ -35,7 +35,7 @@ mkdir -p "$OUTDIR" || exit 1
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
 # NOTE: seconds per step, kept so the whole script stays under 5 minutes on an H200
-# (Triton compiles included): tests 110 (decode and, since stop 18, extend) + benchmark 170 (it
+# (Triton compiles included): tests 110 (decode and extend) + benchmark 170 (it
 # starts no new cell after 125). Never yet run on a GPU: the split is an estimate.
 TESTS_TIMEOUT=${GPU_CHECK_TESTS_TIMEOUT:-110}
 BENCH_TIMEOUT=${GPU_CHECK_BENCH_TIMEOUT:-170}

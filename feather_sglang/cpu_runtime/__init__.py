@@ -1,6 +1,6 @@
 """Everything it takes to run stock SGLang 0.5.23 on a CPU-only host, in one place.
 
-Measured on x86-64 without AVX-512/AMX (see ``shared/reference/sglang-on-cpu.md``):
+Measured on x86-64 CPU hosts (``docs/cpu-runtime.md``):
 
 1. ``SGLANG_USE_CPU_ENGINE=1`` must be in the environment before sglang is
    imported; without it the scheduler dies importing ``vllm._custom_ops`` from
@@ -18,7 +18,7 @@ including the scheduler subprocesses, which import sglang while unpickling
 their entry point, before SGLang's plugin loader runs. So :func:`apply` is run
 at interpreter start-up by a one-line ``.pth`` file that
 ``python -m feather_sglang.cpu_runtime install`` writes into the environment's
-site-packages, and only on a host with no NVIDIA GPU. On a GPU host none of
+site-packages, and only on a host with no accelerator. On an accelerator host none of
 this is installed or applied; the plugin itself works unchanged.
 """
 

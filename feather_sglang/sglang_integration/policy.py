@@ -103,6 +103,7 @@ class FeatherState:
         self._dirty = False  # a hook failed: rebuild from SGLang's queue and batch next pass
         self.rebuilds = 0
         self.reused_rids = 0
+        self._idle_logged = True  # the idle line is logged once per busy period
         self.adopted = 0  # requests queued without the enqueue hook, found at the queue's tail
 
     def attach(self, scheduler) -> None:
@@ -369,6 +370,7 @@ class FeatherState:
 
     def on_step(self, batch, started: float, ended: float) -> None:
         """A forward step ran from ``started`` to ``ended`` (perf_counter seconds)."""
+        self._idle_logged = False
         if self._last_step_start is not None:
             self.busy_seconds += started - self._last_step_start
         self._last_step_start = started
@@ -388,6 +390,10 @@ class FeatherState:
             for rid in self.planner.sync_running({}):
                 self._forget(rid)
             self._synced_running = []
+        if not self._idle_logged and not scheduler.running_batch.reqs and not scheduler.waiting_queue:
+            self._idle_logged = True
+            logger.info("feather: idle, tracking %d requests, %d CHT nodes (faults %d, rebuilds %d)",
+                        len(self.reqs), self.planner.cht.memory_footprint().nodes, self.faults.total, self.rebuilds)
 
     def log_stats(self) -> None:
         """One line at SGLang's decode log interval: feather's share of the scheduler loop."""

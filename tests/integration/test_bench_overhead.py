@@ -1,4 +1,4 @@
-"""The overhead benchmark runs end to end on a tiny grid and writes the JSON the issue asks for.
+"""The overhead benchmark runs end to end on a tiny grid and writes its JSON.
 (Its figures are checked by reading them, not by timed assertions.)"""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The CPU attention benchmark (``make bench-attention``'s kernel part) runs on a small grid and
-writes the JSON issue 4 asks for: rows per cell, the headline summary keys, the GEMM floor
+writes its JSON: rows per cell, the headline summary keys, the GEMM floor
 beside each speedup and the rows at the targets' reference shape. Its figures are read, not
 asserted on time."""
 

@@ -585,7 +585,7 @@ def test_triton_extend_interpreted_matches_reference(triton_extend_interpreted, 
 def test_triton_extend_gpu_matches_reference(dtype):
     from feather_kernels.prefix_shared_triton import prefix_shared_extend_triton
 
-    # the shape, scaled: 31 requests extending over one cached 815-token prefix
+    # scaled: 31 requests extending over one cached 815-token prefix
     batch = make_extend_batch([31], [815], [0] * 31, [48 + i for i in range(31)], 9, 3, 64,
                               dtype=dtype, seed=5)
     cuda = [t.cuda() if isinstance(t, torch.Tensor) else t for t in batch.args]
