@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=str(DEFAULT_MODEL), help="model directory (default: models/tiny-llama)")
     ap.add_argument("--backend", action="append", choices=["feather", "torch_native"],
                     help="attention backend(s) to record (repeatable; default: feather)")
-    ap.add_argument("--out", default=str(DEFAULT_RECORDING), help="JSON file to write")
+    ap.add_argument("--out", default="results/replay/recording.json",
+                    help="JSON file to write (default: %(default)s; the shipped recording is not overwritten "
+                         "unless named here)")
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="batch sizes, comma-separated")
     ap.add_argument("--groups", default=",".join(map(str, DEFAULT_GROUPS)),
                     help="prefix groups per batch, comma-separated (0: no sharing)")

@@ -1,6 +1,7 @@
 """``feather-train``: train a stop/add policy with Stable-Baselines3 in ``feather/Serving-v0``.
 
-    feather-train --algo ppo --timesteps 200000 --n-envs 4 --seed 0 --out results/runs/ppo-seed0
+    feather-train --algo ppo --timesteps 300000 --n-envs 4 --seed 0 --out results/runs/ppo-seed0
+    feather-train --algo ppo --hyperparams learning_rate=1e-4 n_steps=2048 --tensorboard runs/tb ...
     feather-train --algo ppo --timesteps 300000 --out results/runs/ppo-seed0 --resume   # continue
     feather-train --env batch --workloads gsp,no-sharing ...   # static batches priced by real runs
 
@@ -9,8 +10,10 @@ regimes of :mod:`feather_rl.regimes`; ``--env batch`` in ``feather/BatchFormatio
 
 Writes into ``--out``: ``model.zip`` (serve it with ``--feather-agent ppo:results/runs/ppo-seed0/model.zip``),
 ``checkpoints/step_N.zip`` every ``--checkpoint-every`` steps and ``latest.zip`` (what
-``--resume`` continues from; DQN also keeps its replay buffer), ``monitor.csv`` (one line per
-episode: return in tokens/s, length), ``progress.csv`` (SB3's training statistics),
+``--resume`` continues from; DQN also keeps its replay buffer), ``best_model.zip`` and ``eval/``
+(serving env: SB3's EvalCallback on the held-out regimes every ``--eval-every`` steps),
+``monitor/`` or ``monitor.csv`` (one line per episode: return, length), ``progress.csv`` (SB3's
+training statistics; TensorBoard too with ``--tensorboard DIR``),
 ``learning_curve.png`` (episode return against timesteps, with the baselines' mean returns in
 the same environment) and ``provenance.json``.
 """
@@ -18,6 +21,7 @@ the same environment) and ``provenance.json``.
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
 import json
 import sys
@@ -37,11 +41,19 @@ ALGOS = ("ppo", "dqn")
 PPO_KWARGS = dict(n_steps=1024, batch_size=128, n_epochs=10, gamma=0.99, ent_coef=0.01, learning_rate=3e-4)
 DQN_KWARGS = dict(buffer_size=50_000, learning_starts=1_000, train_freq=4, target_update_interval=500,
                   exploration_fraction=0.3, exploration_final_eps=0.02, learning_rate=5e-4, gamma=0.99)
-# The serving env's episodes are 100-4,000 decisions whose rewards (-seconds / reference
-# seconds) are each small: a long horizon, no entropy bonus (the best policy is nearly
-# deterministic), rewards normalised by SB3's running estimate of the return's spread.
-SERVING_PPO_KWARGS = dict(n_steps=1024, batch_size=256, n_epochs=10, gamma=0.999, gae_lambda=0.95, ent_coef=0.0,
-                          learning_rate=3e-4)
+# PPO's hyperparameters for the serving env, in rl-zoo3's format (the one place they are written).
+HYPERPARAMS = Path(__file__).resolve().parent / "hyperparams" / "ppo.yml"
+_ZOO_ONLY = ("n_envs", "n_timesteps", "policy", "normalize")
+
+
+def serving_ppo_kwargs() -> dict:
+    """SB3 keyword arguments for PPO in feather/Serving-v0, from ``hyperparams/ppo.yml``."""
+    import yaml
+
+    conf = yaml.safe_load(HYPERPARAMS.read_text())["feather/Serving-v0"]
+    return {k: v for k, v in conf.items() if k not in _ZOO_ONLY}
+
+
 BASELINE_EPISODES = 30
 
 
@@ -67,7 +79,7 @@ def make_serving_env(n_envs: int, seed: int, monitor_dir: Path):
     import feather_rl
 
     env = make_vec_env(feather_rl.SERVING_ENV_ID, n_envs=n_envs, seed=seed, monitor_dir=str(monitor_dir))
-    return VecNormalize(env, norm_obs=False, norm_reward=True, gamma=SERVING_PPO_KWARGS["gamma"])
+    return VecNormalize(env, norm_obs=False, norm_reward=True, gamma=serving_ppo_kwargs()["gamma"])
 
 
 def baselines(workloads, executor: str, recording: str | None, seed: int) -> dict:
@@ -154,15 +166,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="output folder (default: results/runs/ALGO-seedN)")
     ap.add_argument("--checkpoint-every", type=int, default=5_000, help="timesteps between checkpoints")
+    ap.add_argument("--eval-every", type=int, default=25_000,
+                    help="serving env: timesteps between evaluations on the held-out regimes (SB3's EvalCallback; "
+                         "the best policy so far is written to OUT/best_model.zip); 0: none")
+    ap.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="override SB3 hyperparameters of a new run, e.g. learning_rate=1e-4 n_steps=2048 "
+                         f"(defaults: {HYPERPARAMS.relative_to(HYPERPARAMS.parents[2])} for PPO in the serving env)")
+    ap.add_argument("--tensorboard", metavar="DIR", default=None,
+                    help="also log to TensorBoard in DIR (needs the tensorboard package)")
     ap.add_argument("--resume", action="store_true",
                     help="continue from OUT/latest.zip up to --timesteps. Stable-Baselines3 unpickles parts of "
                          "the file (and DQN's replay buffer): resume only run folders you trust. Files whose "
                          "contents do not match the manifest feather-train wrote are refused")
     args = ap.parse_args(argv)
+    overrides = {}
+    for item in args.hyperparams:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            ap.error(f"--hyperparams: expected KEY=VALUE, got {item!r}")
+        try:
+            overrides[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            overrides[key] = value  # a plain string, e.g. a schedule's name
+    if overrides and args.resume:
+        ap.error("--hyperparams applies to a new run, not to --resume")
+    if args.tensorboard:
+        try:
+            import tensorboard  # noqa: F401
+        except ImportError:
+            ap.error("--tensorboard needs the tensorboard package (pip install tensorboard)")
 
     import stable_baselines3 as sb3
     import torch
-    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback, EvalCallback
     from stable_baselines3.common.logger import configure
     from tqdm import tqdm
 
@@ -193,9 +229,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.algo == "dqn" and buffer.exists():
             model.load_replay_buffer(buffer)
     else:
-        kwargs = (SERVING_PPO_KWARGS if serving else PPO_KWARGS) if args.algo == "ppo" else DQN_KWARGS
-        model = cls("MlpPolicy", env, seed=args.seed, device="cpu", verbose=0, **kwargs)
-    model.set_logger(configure(str(out), ["csv"]))
+        kwargs = (serving_ppo_kwargs() if serving else PPO_KWARGS) if args.algo == "ppo" else DQN_KWARGS
+        try:
+            model = cls("MlpPolicy", env, seed=args.seed, device="cpu", verbose=0,
+                        tensorboard_log=args.tensorboard, **{**kwargs, **overrides})
+        except TypeError as e:
+            ap.error(f"--hyperparams: {e}")
+    model.set_logger(configure(str(out), ["csv", *(["tensorboard"] if args.tensorboard else [])]))
     done_before = model.num_timesteps
     remaining = args.timesteps - done_before
     if remaining <= 0:
@@ -204,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
     info = {"algo": args.algo, "env": args.env, "n_envs": args.n_envs if serving else 1, "seed": args.seed,
             "executor": None if serving else args.executor, "workloads": "feather_rl.regimes.sample" if serving else workloads,
-            "timesteps": args.timesteps, "hyperparameters": _hyperparameters(model),
+            "timesteps": args.timesteps, "hyperparameters": _hyperparameters(model), "overrides": overrides,
             "reward_scale": REWARD_SCALE}
     if serving:
         from feather_rl.simulator import DEFAULT_CALIBRATION
@@ -218,17 +258,45 @@ def main(argv: list[str] | None = None) -> int:
             super().__init__()
             self.bar = tqdm(total=args.timesteps, initial=done_before, desc=f"feather-train {args.algo}",
                             unit="step", file=sys.stderr)
-            self.next_checkpoint = (done_before // args.checkpoint_every + 1) * args.checkpoint_every
 
         def _on_step(self) -> bool:
             self.bar.update(self.model.num_timesteps - self.bar.n)
-            if self.model.num_timesteps >= self.next_checkpoint:
-                self.next_checkpoint += args.checkpoint_every
-                checkpoint(self.model, f"step_{self.model.num_timesteps}")
             return True
 
         def _on_training_end(self) -> None:
             self.bar.close()
+
+    class PolicyCheckpoint(CheckpointCallback):
+        """SB3's CheckpointCallback, writing feather policy files (servable, with provenance)."""
+
+        def _on_step(self) -> bool:
+            if self.n_calls % self.save_freq == 0:
+                checkpoint(self.model, f"step_{self.num_timesteps}")
+            return True
+
+    class SaveBest(BaseCallback):
+        def _on_step(self) -> bool:
+            prov = provenance.record(training={**info, "timesteps_done": self.model.num_timesteps,
+                                               "best_mean_reward_heldout": float(self.parent.best_mean_reward)})
+            save_policy(self.model, out / "best_model.zip", args.algo, prov)
+            return True
+
+    n_envs = args.n_envs if serving else 1
+    callbacks = [Progress(), PolicyCheckpoint(save_freq=max(args.checkpoint_every // n_envs, 1), save_path=str(out))]
+    if serving and args.eval_every > 0:
+        from stable_baselines3.common.monitor import Monitor
+
+        from feather_rl.regimes import HELDOUT
+        from feather_rl.serving_env import ServingEnv
+
+        from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+        # wrapped as the training env is (SB3 syncs the normalisation; observations are raw)
+        eval_env = VecNormalize(DummyVecEnv([lambda: Monitor(ServingEnv(regime_list=HELDOUT))]), norm_obs=False,
+                                norm_reward=False, training=False)
+        callbacks.append(EvalCallback(eval_env, n_eval_episodes=len(HELDOUT),
+                                      eval_freq=max(args.eval_every // n_envs, 1), log_path=str(out / "eval"),
+                                      callback_on_new_best=SaveBest(), deterministic=True, verbose=0))
 
     def checkpoint(m, name: str) -> None:
         prov = provenance.record(training={**info, "timesteps_done": m.num_timesteps})
@@ -239,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             (out / "replay_buffer.pkl.sha256").write_text(_sha256(out / "replay_buffer.pkl") + "\n")
 
     started = time.time()
-    model.learn(total_timesteps=remaining, callback=Progress(), reset_num_timesteps=False)
+    model.learn(total_timesteps=remaining, callback=CallbackList(callbacks), reset_num_timesteps=False)
     train_s = time.time() - started
     checkpoint(model, f"step_{model.num_timesteps}")
     if serving:

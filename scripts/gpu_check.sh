@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check: on a machine with an NVIDIA GPU, in under 5 minutes,
+# GPU check: on a machine with an NVIDIA GPU, in under 10 minutes,
 #   1. the GPU kernel tests (decode and extend):  pytest -m gpu tests/kernels
 #   2. the attention benchmark on GPU: feather's fused Triton kernel vs SGLang's Triton decode
 #      kernel vs FlashInfer's cascade attention (where flashinfer imports), with a correctness
@@ -20,13 +20,10 @@
 # kernels/ops/attention, which can be copied to a GPU machine that lacks sglang).
 # Exit status: 0 all passed, 1 a step failed or timed out, 2 no GPU (GPU checks not run).
 #
-# On this workplace's lent H200 (device tool), one call, nothing to install there (its image has
-# torch, triton and pytest; sglang does not import there, so its kernel files travel):
-#   run(command='bash scripts/gpu_check.sh "$OUT"', timeout_s=420, carry=[
-#     ".venv/lib/python3.11/site-packages/sglang/kernels/ops/attention/decode_attention.py",
-#     ".venv/lib/python3.11/site-packages/sglang/kernels/ops/attention/metadata.py",
-#     ".venv/lib/python3.11/site-packages/sglang/kernels/ops/attention/score_mod.py",
-#     ".venv/lib/python3.11/site-packages/sglang/_version.py"])
+#   3. where sglang imports: a real server with --schedule-policy feather --attention-backend
+#      feather and CUDA graphs left at SGLang's default (feather turns them off, with a log
+#      line), answering one request (GPU_CHECK_MODEL, default models/tiny-llama).
+# On a machine that lacks sglang, copy the kernel files named above beside the repository.
 
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -40,6 +37,7 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 TESTS_TIMEOUT=${GPU_CHECK_TESTS_TIMEOUT:-110}
 BENCH_TIMEOUT=${GPU_CHECK_BENCH_TIMEOUT:-170}
 BENCH_BUDGET=${GPU_CHECK_BENCH_BUDGET:-125}
+SERVER_TIMEOUT=${GPU_CHECK_SERVER_TIMEOUT:-240}
 
 pick_python() {
     local cand first_torch=""
@@ -144,7 +142,7 @@ EOF
 
     local rc_tests rc_bench
     echo
-    echo "== 1/2 GPU kernel tests: pytest -m gpu tests/kernels (timeout ${TESTS_TIMEOUT} s)"
+    echo "== 1/3 GPU kernel tests: pytest -m gpu tests/kernels (timeout ${TESTS_TIMEOUT} s)"
     if "$PY" -c "import pytest" >/dev/null 2>&1; then
         timeout "$TESTS_TIMEOUT" "$PY" -m pytest -m gpu tests/kernels -q -rs \
             -p no:cacheprovider --junitxml="$OUTDIR/gpu_tests.xml"
@@ -156,15 +154,39 @@ EOF
     echo "== GPU kernel tests: $(step_status "$rc_tests"), $((SECONDS - start)) s so far"
 
     echo
-    echo "== 2/2 attention benchmark on GPU (timeout ${BENCH_TIMEOUT} s)"
+    echo "== 2/3 attention benchmark on GPU (timeout ${BENCH_TIMEOUT} s)"
     timeout "$BENCH_TIMEOUT" "$PY" scripts/bench_attention_gpu.py \
         --json "$OUTDIR/bench_attention_gpu.json" --budget-s "$BENCH_BUDGET"
     rc_bench=$?
     echo "== attention benchmark: $(step_status "$rc_bench") (rc 1 = a kernel did not match the reference)"
 
     echo
-    echo "== GPU check done in $((SECONDS - start)) s: tests $(step_status "$rc_tests"), benchmark $(step_status "$rc_bench")"
+    local rc_server=skip model=${GPU_CHECK_MODEL:-models/tiny-llama}
+    echo "== 3/3 a feather server on the GPU, CUDA graphs at SGLang's default (timeout ${SERVER_TIMEOUT} s)"
+    if "$PY" -c "import sglang.srt.entrypoints.http_server" >/dev/null 2>&1 && [ -d "$model" ]; then
+        timeout "$SERVER_TIMEOUT" "$PY" - "$model" "$OUTDIR/gpu_server.log" <<'PYSERVER'
+import sys, requests
+from feather_sglang.tools.server import SGLangServer
+model, log = sys.argv[1], sys.argv[2]
+with SGLangServer(model, "feather", ["--attention-backend", "feather"], log_path=log) as server:
+    r = requests.post(server.url + "/generate", timeout=120, json={
+        "text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+    print("   answer:", r.status_code, r.json().get("text"))
+text = open(log).read()
+ok = r.status_code == 200 and "CUDA graphs are disabled because of --attention-backend feather" in text
+print("   CUDA graphs turned off with a log line:", ok)
+sys.exit(0 if ok else 1)
+PYSERVER
+        rc_server=$?
+    else
+        echo "   sglang does not import here, or no $model: server check skipped"
+    fi
+    echo "== feather server: $(step_status "$rc_server")"
+
+    echo
+    echo "== GPU check done in $((SECONDS - start)) s: tests $(step_status "$rc_tests"), benchmark $(step_status "$rc_bench"), server $(step_status "$rc_server")"
     [ -f "$OUTDIR/bench_attention_gpu.json" ] && echo "   JSON: $OUTDIR/bench_attention_gpu.json"
+    case "$rc_server" in 0|skip) ;; *) return 1 ;; esac
     [ "$rc_tests" = 0 ] && [ "$rc_bench" = 0 ] && return 0
     return 1
 }

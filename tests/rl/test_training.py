@@ -62,3 +62,24 @@ def test_eval_writes_rows_and_summary(tmp_path, capsys):
     s = data["summary"]
     assert s["trained"] == shipped[0] and s["trained_vs_static"] > 0 and s["trained_vs_always_add"] > 0
     assert "trained_vs_static" in capsys.readouterr().out
+
+
+def test_serving_env_training_uses_sb3_callbacks_and_overrides(tmp_path):
+    """feather-train in feather/Serving-v0: parallel envs, SB3's checkpoint and evaluation
+    callbacks (the best policy on the held-out regimes is a servable file), hyperparameter
+    overrides recorded in the provenance, and clear errors for bad ones."""
+    from feather_sglang.agents import make_agent
+    from feather_sglang.config import FeatherConfig
+
+    out = tmp_path / "serving"
+    assert train.main(["--timesteps", "2048", "--n-envs", "2", "--checkpoint-every", "1024", "--eval-every", "1024",
+                       "--out", str(out), "--hyperparams", "n_steps=256", "batch_size=64"]) == 0
+    for name in ("model.zip", "best_model.zip", "latest.zip", "eval/evaluations.npz", "checkpoints/step_1024.zip"):
+        assert (out / name).exists(), name
+    assert json.loads((out / "provenance.json").read_text())["training"]["overrides"] == {"n_steps": 256, "batch_size": 64}
+    make_agent(FeatherConfig(agent=f"ppo:{out / 'best_model.zip'}"))  # loads: manifest, layout, weights
+    import pytest
+
+    with pytest.raises(SystemExit):
+        train.main(["--out", str(tmp_path / "x"), "--hyperparams", "no_such_knob=1", "--timesteps", "10"])
+    assert train.serving_ppo_kwargs()["gamma"] == 0.999  # from hyperparams/ppo.yml
