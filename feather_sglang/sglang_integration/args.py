@@ -121,7 +121,7 @@ def startup_refusals(server_args, check_hooks: bool = False) -> list[str]:
     problems = []
     if getattr(server_args, "schedule_policy", None) == POLICY_NAME:
         problems += refusals.policy_refusals(server_args)
-        if check_hooks:
+        if check_hooks and not _built_in():
             missing = refusals.missing_hooks()
             if missing:
                 problems.append("--schedule-policy feather needs scheduler hooks that SGLang's HookRegistry did "
@@ -133,6 +133,16 @@ def startup_refusals(server_args, check_hooks: bool = False) -> list[str]:
     if problem:
         problems.append(problem)
     return problems
+
+
+def _built_in() -> bool:
+    """This sglang was patched with patches/ (feather is in its source, no hooks to check)."""
+    from feather_sglang.sglang_integration import built_in_version
+
+    try:
+        return built_in_version() is not None
+    except ImportError:
+        return False
 
 
 def _sglang_supported() -> str:

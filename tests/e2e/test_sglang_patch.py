@@ -119,7 +119,7 @@ def test_plugin_stands_down_on_a_patched_sglang(tmp_path):
     fork = _copy_sglang(tmp_path)
     assert _run_script(fork).returncode == 0
     stock = _hooks_installed_by_plugin(None)  # stock sglang: the plugin's hooks
-    assert len(stock) == 9 and "sglang.srt.managers.scheduler.SchedulePolicy" in stock, stock
+    assert len(stock) == 10 and "sglang.srt.managers.scheduler.SchedulePolicy" in stock, stock
     assert _hooks_installed_by_plugin(fork) == []  # patched: no seam runs twice
 
 

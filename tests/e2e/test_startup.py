@@ -43,6 +43,11 @@ def test_help_lists_feather_and_its_options():
             "--feather-static-max-loss-crowded (5) must be >= --feather-static-max-loss (7)",
         ),
         (["--enable-priority-scheduling"], "feather cannot be combined with --enable-priority-scheduling"),
+        (["--pp-size", "2"], "does not support pipeline parallelism (--pp-size 2)"),
+        (["--disaggregation-mode", "prefill"], "does not support PD disaggregation"),
+        (["--attention-backend", "feather", "--kv-cache-dtype", "fp8_e4m3"],
+         "--attention-backend feather does not support --kv-cache-dtype fp8_e4m3; allowed:"),
+        (["--feather-chunk-size", "4"], "--feather-chunk-size must be an integer >= 8, got 4"),
     ],
 )
 def test_bad_feather_option_stops_start_up_with_a_clear_message(tiny_model, flags, message):
