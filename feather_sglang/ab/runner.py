@@ -169,10 +169,24 @@ def run_online(workload: Workload, config: ABConfig, common: Common, workdir: Pa
         r = requests.post(server.url + "/generate", json={
             "input_ids": warmup_ids(workload), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, timeout=600)
         r.raise_for_status()
-        requests.post(server.url + "/flush_cache", timeout=60).raise_for_status()
+        flush_cache(server.url)
         start = time.monotonic()
         records, makespan = asyncio.run(drive_server(workload, server.url, config.name))
     return RunResult(config, records, makespan, _trace_after(trace_path, start), str(log_path))
+
+
+def flush_cache(url: str, wait_s: float = 30.0) -> None:
+    """POST /flush_cache, retried while SGLang answers 400 because the request just answered is
+    still leaving its batch ("Cache not flushed because there are pending requests")."""
+    import requests
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        r = requests.post(url + "/flush_cache", timeout=60)
+        if r.status_code != 400 or time.monotonic() > deadline:
+            r.raise_for_status()
+            return
+        time.sleep(0.2)
 
 
 def scratch_dir() -> Path:
