@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
 import statistics
 import sys
 import time
 import tracemalloc
 from array import array
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -113,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--waiting: expected integers separated by commas, got {args.waiting!r}")
     if any(w < 100 for w in sizes):
         ap.error("--waiting: each size must be >= 100")
-    from feather_rl.provenance import record
+    from feather_rl.provenance import record, write_json
 
     kinds = ("fresh", "starved no-sharing", "after an abort")
     rows = [scenario(w, kind) for w, kind in tqdm([(w, k) for w in sizes for k in kinds], desc="feather-bench-scale",
@@ -124,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['cht_bytes_per_prompt_token']:>12.3f}")
     out = {"rows": rows, "settings": {"prompt_tokens": PROMPT_TOKENS, "prefix_tokens": PREFIX_TOKENS, "batch": BATCH,
                                       "passes": PASSES, "aborts": ABORTS}, "provenance": record()}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.json, out)
     print(f"feather-bench-scale: -> {args.json}")
     return 0
 

@@ -60,10 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     data = calibrate(args.logs, args.min_steps, args.min_prefill)
     data["provenance"] = provenance.record()
-    import json
-
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    provenance.write_json(args.out, data)
     d = data["decode"]
     for kind, (a, b, c) in d.items():
         print(f"decode {kind:>13}: {a * 1e3:.1f} ms + {b * 1e3:.2f} ms/request + {c * 1e6:.2f} ms/1k tokens")

@@ -3,25 +3,18 @@
 The server's agents (``feather_sglang.agents``: static, ucb, qlearning, ppo:PATH, dqn:PATH)
 get the same calls as in a server: ``decide`` on each candidate, ``on_admit`` after an ADD,
 ``on_step`` once per decode step of a dispatched batch (its measured decode time split evenly
-over its steps) and ``on_batch_empty`` when the batch has run. Two baselines exist only here:
-``always-add`` and ``random``.
+over its steps) and ``on_batch_empty`` when the batch has run. Two baseline names exist only here:
+``always-add`` (the server's ``admit`` agent) and ``random``.
 """
 
 from __future__ import annotations
 
 import random
 
-from feather_sglang.agents import Action, AgentState, StopAddAgent, make_agent
+from feather_sglang.agents import Action, AdmitAgent, AgentState, StopAddAgent, make_agent
 from feather_sglang.config import FeatherConfig
 
 BASELINES = ("always-add", "random")
-
-
-class AlwaysAdd(StopAddAgent):
-    name = "always-add"
-
-    def decide(self, state: AgentState) -> Action:
-        return Action.ADD
 
 
 class RandomAgent(StopAddAgent):
@@ -38,7 +31,7 @@ class RandomAgent(StopAddAgent):
 def make(spec: str, seed: int = 0) -> StopAddAgent:
     """An agent by its ``--feather-agent`` spec, or a baseline name."""
     if spec == "always-add":
-        return AlwaysAdd(FeatherConfig())
+        return AdmitAgent(FeatherConfig())  # the server's admit agent: ADD, always
     if spec == "random":
         return RandomAgent(FeatherConfig(), seed)
     agent = make_agent(FeatherConfig(agent=spec))

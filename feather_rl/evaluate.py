@@ -277,8 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = {"rows": rows, "summary": summary,
                "provenance": provenance.record(**context, seconds=round(time.time() - started, 1))}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        provenance.write_json(args.json, out)
         print(f"feather-eval: -> {args.json}")
     return 0
 

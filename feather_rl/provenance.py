@@ -36,5 +36,15 @@ def machine() -> dict:
     return describe("stable-baselines3", "gymnasium")
 
 
+def write_json(path, data: dict) -> None:
+    """Write a result JSON (``data`` carries its ``record()``), creating its folder."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def record(**extra) -> dict:
     return {"command": command(), "date": date(), "machine": machine(), "git": git_state(), **extra}

@@ -11,14 +11,12 @@ provenance (command, model, settings, machine, date, duration).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 from feather_rl import provenance
 from feather_rl.executors.real import RealExecutor
-from feather_rl.executors.replay import DEFAULT_RECORDING
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "models" / "tiny-llama"
@@ -100,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                                         what="decode tokens/s of real batches, RealExecutor (sglang.Engine)"),
         "measurements": measurements,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    provenance.write_json(args.out, out)
     print(f"feather-record: {len(measurements)} measurements in {duration:.0f} s -> {args.out}")
     return 0
 

@@ -11,6 +11,7 @@ from gymnasium import spaces
 
 from feather_rl import regimes
 from feather_rl.simulator import Regime, Server, StepCosts, simulate
+from feather_sglang.agents.admit import AdmitAgent
 from feather_sglang.agents.base import Action, AgentState
 from feather_sglang.agents.features import OBS_DIM, OBS_HIGH, OBS_LOW, observe
 from feather_sglang.agents.throughput import ThroughputAgent
@@ -18,13 +19,6 @@ from feather_sglang.agents.throughput import ThroughputAgent
 
 class _Abandoned(Exception):
     """The episode was reset before it ended: the server's thread unwinds."""
-
-
-class _AlwaysAdd(ThroughputAgent):
-    name = "always-add"
-
-    def decide(self, state: AgentState) -> Action:
-        return Action.ADD
 
 
 class _Bridge(ThroughputAgent):
@@ -102,7 +96,7 @@ class ServingEnv(gym.Env):
             regime = regimes.sample(self.np_random)
         wseed = int(options.get("workload_seed", self.np_random.integers(2**31 - 1)))
         self.regime, self.workload_seed = regime, wseed
-        self.reference_s = simulate(regime, wseed, _AlwaysAdd(None), self.costs).duration_s
+        self.reference_s = simulate(regime, wseed, AdmitAgent(None), self.costs).duration_s
         self._to_env, self._from_env = queue.Queue(), queue.Queue()
         server: Server | None = None
         bridge = _Bridge(None, lambda: server.now, self._to_env, self._from_env)

@@ -9,8 +9,10 @@ Seams used (sglang 0.5.23, ``srt/managers``):
   is where the agent's STOP takes effect.
 - ``Scheduler._add_request_to_queue`` tells the planner about arrivals and retractions.
 - ``Scheduler._get_new_batch_prefill_raw`` tells it which planned requests were admitted.
-Finished and aborted requests are noticed by comparing the running batch each pass (O(batch))
-and the waiting-queue length (O(1); a full O(W) reconciliation only when it differs).
+- ``Scheduler._release_aborted_request`` tells it which waiting requests were aborted.
+Finished requests are noticed by comparing the running batch each pass (O(batch)); requests
+queued without the enqueue hook by the queue's tail (O(their number)); any other change by the
+waiting-queue length, which then costs one full O(W) reconciliation.
 
 Every seam is guarded (:mod:`feather_sglang.sglang_integration.faults`): a fault is logged and
 counted, feather's state is rebuilt from SGLang's queue and batch, and if that fails too feather
@@ -63,9 +65,8 @@ class FeatherSchedulePolicy(SchedulePolicy):
         running_batch: Optional["ScheduleBatch"] = None,
         processed_tokens: int = 0,
     ) -> None:
-        if self.feather is None or self.feather.stood_down:
-            return super().calc_priority(waiting_queue, running_batch, processed_tokens)
-        if not self.feather.safe_order(waiting_queue, running_batch):
+        feather = self.feather
+        if feather is None or feather.stood_down or not feather.safe_order(waiting_queue, running_batch):
             return super().calc_priority(waiting_queue, running_batch, processed_tokens)
         # NOTE: stock fcfs also prefix-matches every waiting request when the cache supports
         # fast matching, only to report matched tokens in the load snapshot; that O(W x T)
@@ -168,12 +169,8 @@ class FeatherState:
         self.planner.agent = agent
         self.reqs, self.plan_rids = {}, frozenset()
         self._slot, self._slot_base, self._synced_running = {}, 0, None
-        running = {} if running_batch is None else {r.rid: r for r in running_batch.reqs}
-        chunked = getattr(self.scheduler, "chunked_req", None)
-        if chunked is not None:
-            running[chunked.rid] = chunked
-        self.reqs.update(running)
-        self.planner.sync_running({rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()})
+        running = self._running_reqs(running_batch)
+        self._sync_running(running)
         for i, req in enumerate(waiting_queue):
             self.on_enqueue(req, i)
         self._dirty = False
@@ -245,18 +242,10 @@ class FeatherState:
             # plan that was rolled back): then there is nothing to sync.
             if (running_rids != self._synced_running or planner.has_pending
                     or len(running_rids) != planner.cht.num_running):
-                running = {r.rid: r for r in running_batch.reqs}
-                if chunked is not None:
-                    running[chunked.rid] = chunked
+                running = self._running_reqs(running_batch)
                 self._synced_running = running_rids
         if running is not None:
-            reqs.update(running)
-            # NOTE: forget each sync's departures right after it: a request forgotten as no
-            # longer running may come straight back as waiting in the next sync (re-queued
-            # without the enqueue hook) and must stay in ``reqs`` then.
-            lazy_tokens = {rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()}
-            for rid in planner.sync_running(lazy_tokens):
-                self._forget(rid)
+            self._sync_running(running)
         if waiting_queue and not self._known_waiting(waiting_queue[-1]):
             self._adopt_tail(waiting_queue)
         if len(waiting_queue) != planner.num_waiting:
@@ -281,6 +270,24 @@ class FeatherState:
             self.check_invariants(waiting_queue, running_batch)
         self.sched_seconds += time.perf_counter() - start
         self.passes += 1
+
+    def _running_reqs(self, running_batch: Optional["ScheduleBatch"]) -> dict:
+        """rid -> Req of the running batch plus the chunked request: what the CHT's running set
+        mirrors."""
+        running = {} if running_batch is None else {r.rid: r for r in running_batch.reqs}
+        chunked = getattr(self.scheduler, "chunked_req", None)
+        if chunked is not None:
+            running[chunked.rid] = chunked
+        return running
+
+    def _sync_running(self, running: dict) -> None:
+        """Make the CHT's running set ``running`` (rid -> Req)."""
+        self.reqs.update(running)
+        # NOTE: forget each sync's departures right after it: a request forgotten as no longer
+        # running may come straight back as waiting in the next sync (re-queued without the
+        # enqueue hook) and must stay in ``reqs`` then.
+        for rid in self.planner.sync_running({rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()}):
+            self._forget(rid)
 
     def _known_waiting(self, req: "Req") -> bool:
         return self.reqs.get(req.rid) is req and self.planner.is_waiting(req.rid)
@@ -318,10 +325,7 @@ class FeatherState:
                                  f"the CHT waits on {cht.num_waiting}; only in the queue: "
                                  f"{sorted(queued - planned - waiting)[:5]}, only in the CHT: {sorted(waiting - queued)[:5]}")
         if running_batch is not None:
-            running = {r.rid for r in running_batch.reqs}
-            chunked = getattr(self.scheduler, "chunked_req", None)
-            if chunked is not None:
-                running.add(chunked.rid)
+            running = set(self._running_reqs(running_batch))
             if running | planned != set(cht.running_ids()):
                 raise AssertionError(f"feather invariant: batch + plan {sorted(running | planned)[:5]} != CHT "
                                      f"running {sorted(cht.running_ids())[:5]}")
