@@ -90,8 +90,8 @@ class FeatherConfig:
 
     # NOTE: 50 tokens per chunk is the value in the public code derived from the paper's
     # fork; smaller chunks see finer prefix differences but cost more keys per request.
-    # NOTE: the floor keeps the CHT within ~2 bytes per prompt token (measured: 10 bytes at
-    # 1 token per chunk, 2.1 at 8, 1.2 at 50), whatever the waiting queue holds.
+    # NOTE: the CHT keeps one key per chunk per distinct path, so its memory per prompt token
+    # grows as chunks shrink; the floor bounds that, whatever the waiting queue holds.
     chunk_size: int = _opt(
         50, _int_at_least(MIN_CHUNK_SIZE),
         f"Tokens per chunk of the chunked hash tree (>= {MIN_CHUNK_SIZE}). Prefix sharing is seen at this "
