@@ -64,12 +64,16 @@ def _scale_section(path: Path) -> list[str]:
     prov, m = d["provenance"], d["provenance"]["machine"]
     lines = ["## Scheduling cost at scale: `feather-bench-scale`", "",
              f"`{prov['command']}` ({m.get('cpu')}, {prov['date'][:10]}, commit "
-             f"`{(prov.get('git') or {}).get('commit', '?')[:10]}`; prompts of {d['settings']['prompt_tokens']} "
-             f"tokens, batch {d['settings']['batch']})", "",
-             "| waiting | scenario | p50 us/pass | p99 us/pass | full resyncs | CHT bytes per prompt token |",
-             "|---:|---|---:|---:|---:|---:|"]
+             f"`{(prov.get('git') or {}).get('commit', '?')[:10]}`; batch {d['settings']['batch']}; "
+             "feather's own part of each pass, then the whole `calc_priority` call, which adds SGLang's "
+             "own per-pass work, the same under fcfs: every 32nd pass refreshes the LRU recency of the "
+             "first 128 waiting prefixes)", "",
+             "| waiting | scenario | prompt tokens | feather p50 us | feather p99 us | pass p50 us | pass p99 us | "
+             "O(W) reindexes | CHT bytes per prompt token |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in d["rows"]:
-        lines.append(f"| {r['waiting']:,} | {r['scenario']} | {r['p50_us']:,.1f} | {r['p99_us']:,.1f} | {r['resyncs']} | "
+        lines.append(f"| {r['waiting']:,} | {r['scenario']} | {r['prompt_tokens']:,} | {r['feather_p50_us']:,.1f} | "
+                     f"{r['feather_p99_us']:,.1f} | {r['p50_us']:,.1f} | {r['p99_us']:,.1f} | {r['reindexes']} | "
                      f"{r['cht_bytes_per_prompt_token']:.2f} |")
     return lines
 

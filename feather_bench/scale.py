@@ -12,9 +12,14 @@ SGLang's ``Req`` objects and ``ServerArgs``), for each queue size W:
 - **after an abort**: a waiting request aborted as SGLang does (popped, then
   ``_release_aborted_request`` with feather's hook), then the next pass, repeated;
 - **CHT bytes per prompt token** after the W enqueues (``tracemalloc``; the prompts are
-  SGLang's, not counted).
+  SGLang's, not counted), with 256-token prompts (three quarters of them the group's prefix)
+  and, once more for the fresh queue, with 2,048-token prompts: feather's cost per request is
+  mostly fixed, so its cost per token falls as prompts grow.
 
-Prints p50/p99 microseconds per pass and writes JSON with the machine, versions, date and commit.
+Prints p50/p99 microseconds per pass, twice: the whole ``calc_priority`` call, and feather's own
+part of it (keeping in step with the queue and batch, planning, reordering). The difference is
+SGLang's own per-pass work that stock fcfs does too (every 32nd pass refreshes the LRU recency of
+the queue's first 128 prefixes). Writes JSON with the machine, versions, date and commit.
 """
 
 from __future__ import annotations
@@ -31,29 +36,30 @@ from array import array
 from tqdm import tqdm
 
 PROMPT_TOKENS = 256
-PREFIX_TOKENS = 192
+LONG_PROMPT_TOKENS = 2048
 BATCH = 32  # requests a pass may admit
 PASSES = 200
 ABORTS = 50
 
 
-def _quantiles(samples: list[float]) -> dict:
+def _quantiles(samples: list[float], prefix: str = "") -> dict:
     q = statistics.quantiles(samples, n=100)
-    return {"p50_us": round(statistics.median(samples), 1), "p99_us": round(q[98], 1), "passes": len(samples)}
+    return {f"{prefix}p50_us": round(statistics.median(samples), 1), f"{prefix}p99_us": round(q[98], 1)}
 
 
-def _requests(make_req, w: int, shared: bool) -> list:
-    prefixes = [array("q", range(10_000_000 * (g + 1), 10_000_000 * (g + 1) + PREFIX_TOKENS)) for g in range(64)]
+def _requests(make_req, w: int, shared: bool, prompt_tokens: int) -> list:
+    prefix_tokens = prompt_tokens * 3 // 4
+    prefixes = [array("q", range(10_000_000 * (g + 1), 10_000_000 * (g + 1) + prefix_tokens)) for g in range(64)]
     reqs = []
     for i in range(w):
-        own = array("q", range(1_000_000_000 + i * PROMPT_TOKENS, 1_000_000_000 + (i + 1) * PROMPT_TOKENS))
-        tokens = prefixes[i % 64] + own[: PROMPT_TOKENS - PREFIX_TOKENS] if shared else own
+        own = array("q", range(1_000_000_000 + i * prompt_tokens, 1_000_000_000 + (i + 1) * prompt_tokens))
+        tokens = prefixes[i % 64] + own[: prompt_tokens - prefix_tokens] if shared else own
         reqs.append(make_req(f"w{i}", tokens))
     random.Random(w).shuffle(reqs)
     return reqs
 
 
-def scenario(w: int, kind: str) -> dict:
+def scenario(w: int, kind: str, prompt_tokens: int = PROMPT_TOKENS) -> dict:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
     from feather_sglang.bench.overhead import SchedulerStandIn, make_req, make_tree_cache, publish_context
@@ -61,7 +67,7 @@ def scenario(w: int, kind: str) -> dict:
     from feather_sglang.sglang_integration import policy as policy_mod
 
     publish_context()
-    cache, _ = make_tree_cache("radix", 1 << 16, PROMPT_TOKENS + 64, BATCH)
+    cache, _ = make_tree_cache("radix", 1 << 16, prompt_tokens + 64, BATCH)
     now = [0.0]
     config = FeatherConfig(max_wait_s=10.0)
     scheduler = SchedulerStandIn(cache, config, max_new=BATCH)
@@ -69,7 +75,7 @@ def scenario(w: int, kind: str) -> dict:
     state.planner.clock = lambda: now[0]
     queue = scheduler.waiting_queue = []
     running = ScheduleBatch(reqs=[])
-    reqs = _requests(make_req, w, shared=kind != "starved no-sharing")
+    reqs = _requests(make_req, w, kind != "starved no-sharing", prompt_tokens)
     tracemalloc.start()
     for req in reqs:
         queue.append(req)
@@ -83,20 +89,27 @@ def scenario(w: int, kind: str) -> dict:
     # of a full collection over every request object.
     gc.collect()
     gc.freeze()
-    samples = []
+    samples, own, hooks = [], [], []
     rng = random.Random(1)
     for _ in range(ABORTS if kind == "after an abort" else PASSES):
         if kind == "after an abort":
             victim = queue.pop(rng.randrange(len(queue)))
+            start = time.perf_counter()
             policy_mod.release_aborted_request_after(None, scheduler, victim)
+            hooks.append((time.perf_counter() - start) * 1e6)
+        before = state.sched_seconds
         start = time.perf_counter()
         scheduler.policy.calc_priority(queue, running)
         samples.append((time.perf_counter() - start) * 1e6)
+        own.append((state.sched_seconds - before) * 1e6)
         state.on_pass_end(None)  # nothing admitted: the plan rolls back
     gc.unfreeze()
     assert state.faults.total == 0, dict(state.faults.counts)
-    return {"waiting": w, "scenario": kind, **_quantiles(samples), "resyncs": state.resyncs,
-            "cht_bytes_per_prompt_token": round(cht_bytes / (w * PROMPT_TOKENS), 3)}
+    return {"waiting": w, "scenario": kind, "prompt_tokens": prompt_tokens, "passes": len(samples),
+            **_quantiles(samples),
+            **_quantiles(own, "feather_"), **(_quantiles(hooks, "abort_hook_") if hooks else {}),
+            "resyncs": state.resyncs, "reindexes": state.reindexes,
+            "cht_bytes_per_prompt_token": round(cht_bytes / (w * prompt_tokens), 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,14 +126,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--waiting: each size must be >= 100")
     from feather_rl.provenance import record, write_json
 
-    kinds = ("fresh", "starved no-sharing", "after an abort")
-    rows = [scenario(w, kind) for w, kind in tqdm([(w, k) for w in sizes for k in kinds], desc="feather-bench-scale",
-                                                  file=sys.stderr)]
-    print(f"{'waiting':>8} {'scenario':<20} {'p50 us/pass':>12} {'p99 us/pass':>12} {'resyncs':>8} {'CHT B/token':>12}")
+    kinds = [("fresh", PROMPT_TOKENS), ("starved no-sharing", PROMPT_TOKENS), ("after an abort", PROMPT_TOKENS),
+             ("fresh", LONG_PROMPT_TOKENS)]
+    cells = [(w, kind, tokens) for w in sizes for kind, tokens in kinds]
+    rows = [scenario(*cell) for cell in tqdm(cells, desc="feather-bench-scale", file=sys.stderr)]
+    print(f"{'waiting':>8} {'scenario':<20} {'prompt':>6} {'pass p50 us':>12} {'pass p99 us':>12} "
+          f"{'feather p50':>12} {'feather p99':>12} {'reindexes':>9} {'CHT B/token':>12}")
     for r in rows:
-        print(f"{r['waiting']:>8} {r['scenario']:<20} {r['p50_us']:>12,.1f} {r['p99_us']:>12,.1f} {r['resyncs']:>8} "
+        print(f"{r['waiting']:>8} {r['scenario']:<20} {r['prompt_tokens']:>6} {r['p50_us']:>12,.1f} {r['p99_us']:>12,.1f} "
+              f"{r['feather_p50_us']:>12,.1f} {r['feather_p99_us']:>12,.1f} {r['reindexes']:>9} "
               f"{r['cht_bytes_per_prompt_token']:>12.3f}")
-    out = {"rows": rows, "settings": {"prompt_tokens": PROMPT_TOKENS, "prefix_tokens": PREFIX_TOKENS, "batch": BATCH,
+    out = {"rows": rows, "settings": {"prefix_share": 0.75, "batch": BATCH,
                                       "passes": PASSES, "aborts": ABORTS}, "provenance": record()}
     write_json(args.json, out)
     print(f"feather-bench-scale: -> {args.json}")

@@ -5,9 +5,7 @@ scheduling pass with incremental bookkeeping over cumulative chunk hashes. A req
 keys, one per chunk of ``chunk_size`` tokens: key ``i`` is (level ``i``, hash of chunks
 ``0..i``) from :func:`chunk_hashes`. The *working set* counts how many RUNNING requests hold
 each key; a waiting request's *deficit* is how many of its keys are not in it (its chunks no
-running request shares). A reverse index (key -> waiting holders) updates deficits only when
-a count crosses zero, and a lazily invalidated min-heap of (deficit, arrival) yields the best
-candidate in O(log W). For the stop/add agent it also exposes the *shared chain*: the
+running request shares). For the stop/add agent it also exposes the *shared chain*: the
 leading keys held by every running request, and how far a candidate would shorten it.
 
 The keys are stored path-compressed: a *node* is a run of consecutive levels that exactly
@@ -17,6 +15,14 @@ path from its leaf node to the root: a 20K-token prompt of a group (410 keys at 
 is 2 nodes (the group's prefix, its own suffix), and admitting or finishing it touches those
 2 counts instead of 410. Deficits, the chain and every view are the same as per key: all
 keys of a node have the same holders.
+
+The best candidate (least deficit, earliest arrival) comes from a tournament over the tree:
+each node keeps a lazily invalidated min-heap of its own best entries, one per waiting request
+ending at it and one per child, each keyed by (chunks missing below the node, arrival). A
+request's deficit is the sum of the missing chunks on its path, so when a node's running count
+crosses zero only its own key in its parent's heap changes, and the change climbs the path
+while the best keys change. A group's first admission or last departure therefore costs
+O(path x log fan-out), not an update of every waiting member of the group.
 
 A node also keeps a reference to the prompt tokens of one request through it (no copy:
 SGLang's ``array('q')`` itself, never a buffer view of it, so SGLang could still resize it).
@@ -41,12 +47,12 @@ import numpy as np
 from feather_sglang.chunk_hash import CHUNK_HASH_ROOT_SEED, hash_chunk, hash_chunks_from, token_bytes
 
 
-# NOTE: stale heap entries (pushed before a deficit changed, or left behind by requests that
-# left the queue) are skipped at the top; rebuilding once they outnumber live ones this many
-# times keeps memory O(W) at amortised O(1) cost per push.
+# NOTE: stale entries of a node's heap (pushed before a key changed, or left behind by requests
+# that left the queue) are skipped at the top; rebuilding the heap once they outnumber its live
+# ones this many times keeps memory O(live) at amortised O(1) cost per push.
 HEAP_STALE_PER_LIVE = 2
-# Never rebuild for fewer stale entries than this: a rebuild per push would cost more.
-HEAP_COMPACT_MIN_STALE = 64
+# Never rebuild a node's heap for fewer stale entries than this: a rebuild per push costs more.
+HEAP_COMPACT_MIN_STALE = 8
 
 
 class RequestState(str, Enum):
@@ -90,9 +96,10 @@ class MemoryFootprint:
     working_set_keys: int  # keys held by at least one running request
     reverse_index_keys: int  # keys held by at least one waiting request
     reverse_index_holders: int  # sum over keys of the waiting requests holding it
-    heap_entries: int  # live and stale
+    heap_entries: int  # in every node's heap, live and stale
     nodes: int = 0  # path-compressed nodes (runs of levels with the same holders)
     holder_entries: int = 0  # sum over nodes of the waiting requests passing through it
+    live_heap_entries: int = 0  # one per waiting request, one per node a waiting request passes
     node_tokens: int = 0  # tokens the nodes can compare (their levels', whoever's prompt they keep)
 
 
@@ -100,15 +107,21 @@ class MemoryFootprint:
 class _Node:
     """A run of levels ``[start, end)`` that exactly the same requests hold.
 
-    ``keys[i]`` is the key at level ``start + i``. Every request passing through the node
-    holds all of its keys, so one running count and one waiting set serve them all. A node
+    ``keys[i]`` is the key at level ``start + i`` (unsigned 64-bit, 8 bytes each in an
+    ``array('Q')``, not a list of Python ints). Every request passing through the node
+    holds all of its keys, so one running count and one waiting count serve them all. A node
     ends where a request's keys end (``ends`` counts those requests) or where they diverge
     (``children``, by the key at the child's first level). The root is the empty run.
+
+    ``heap`` holds entries (chunks missing below this node, arrival, version, item) for the
+    waiting requests ending here and for the children that waiting requests pass through; an
+    entry is live while ``item.version == version``. ``key`` is what this node has posted in
+    its parent's heap: (its own missing chunks + its best entry's, that entry's arrival).
     """
 
     start: int
     end: int
-    keys: list[int]
+    keys: "array.array[int] | list[int]"
     parent: "_Node | None"
     # A prompt through it (int64 tokens, absolute positions: SGLang's array('q'), bytes or a
     # numpy array) and where the node's tokens end in it; None when built from keys alone.
@@ -116,8 +129,12 @@ class _Node:
     stop: int = 0
     children: dict[int, "_Node"] = field(default_factory=dict)
     running: int = 0  # running requests through this node
-    waiting: set["_Request"] = field(default_factory=set)  # waiting requests through it
+    waiting: int = 0  # waiting requests through it
     ends: int = 0  # requests (waiting or running) whose last key is this node's last
+    heap: list = field(default_factory=list)
+    live: int = 0  # live entries in ``heap``
+    key: "tuple[int, int] | None" = None
+    version: int = -1  # of this node's live entry in its parent's heap; -1: none
 
 
 @dataclass(slots=True, eq=False)
@@ -129,8 +146,7 @@ class _Request:
     leaf: _Node  # the node holding its last key (the root for an empty prompt)
     arrival: int  # arrival sequence number, the tie-break of equal deficits
     state: RequestState = RequestState.WAITING
-    deficit: int = 0  # kept current while waiting
-    heap_version: int = -1  # names its one live heap entry; -1: none
+    version: int = -1  # of its live entry in its leaf's heap while waiting; -1: none
 
 
 class ChunkedHashTree:
@@ -138,10 +154,10 @@ class ChunkedHashTree:
 
     Requests are keyed by any hashable id (SGLang's ``rid``). Costs for a request of C chunks
     on a path of N nodes (N is the number of places its prefix branches off other tracked
-    requests' or they end: 2-4 for grouped prompts, never more than C), W waiting requests,
-    H waiting requests through nodes whose running count crosses zero: add O(C + N log C);
-    admit/finish/retract O(N + H log W); remove_waiting O(N); best O(log W) amortised;
-    shared_chain_len O(N), cached until the batch changes; candidate_view O(N).
+    requests' or they end: 2-4 for grouped prompts, never more than C), F the largest fan-out
+    on it: add O(C + N log F); admit/finish/retract/remove_waiting O(N log F) amortised, however
+    many waiting requests share its nodes; best O(N) amortised; shared_chain_len O(N), cached
+    until the batch changes; candidate_view O(N).
     """
 
     def __init__(self, chunk_size: int) -> None:
@@ -152,11 +168,9 @@ class ChunkedHashTree:
         self._running: dict[Hashable, _Request] = {}
         self._num_waiting = 0
         self._root = _Node(0, 0, [], None)
-        # Entries (deficit, arrival, heap_version, rid); (arrival, version) is unique, so
-        # tuple comparison never reaches rid, which need not be orderable.
-        self._heap: list[tuple[int, int, int, Hashable]] = []
         self._next_arrival = 0
-        self._next_heap_version = 0
+        # Entry versions are unique, so comparing entries never reaches their items.
+        self._next_version = 0
         self._shared_chain: int | None = None  # cached shared-chain length
         # Chunks the running batch attends to: each distinct key once (a prefix-shared backend
         # reads a group's prefix once), and each running request's keys counted per request.
@@ -179,18 +193,22 @@ class ChunkedHashTree:
 
     def deficit(self, rid: Hashable) -> int:
         """Chunks of waiting request ``rid`` that no running request holds."""
-        return self._lookup(rid, RequestState.WAITING).deficit
+        return _deficit(self._lookup(rid, RequestState.WAITING))
 
     def best(self) -> Hashable | None:
         """Waiting request with the least deficit, earliest arrival first; None if none wait."""
-        heap, requests = self._heap, self._requests
-        while heap:
-            _, _, version, rid = heap[0]
-            request = requests.get(rid)
-            if request is not None and request.heap_version == version:
-                return rid
-            heapq.heappop(heap)
-        return None
+        best = self._best()
+        return None if best is None else best[1].rid
+
+    def _best(self) -> tuple[int, _Request] | None:
+        """(deficit, request) of the best waiting request: down the tournament's winners."""
+        entry = _top(self._root)
+        if entry is None:
+            return None
+        deficit, item = entry[0], entry[3]
+        while type(item) is _Node:
+            item = _top(item)[3]
+        return deficit, item
 
     def shared_chain_len(self) -> int:
         """Leading levels (chunks) whose key every running request holds; 0 if none run."""
@@ -213,16 +231,13 @@ class ChunkedHashTree:
 
     def best_view(self) -> tuple[Hashable, CandidateView] | None:
         """``best()`` and its ``candidate_view`` in one call (the planner's per-pick step)."""
-        heap, requests = self._heap, self._requests
-        while heap:
-            _, _, version, rid = heap[0]
-            request = requests.get(rid)
-            if request is not None and request.heap_version == version:
-                return rid, self._view(request)
-            heapq.heappop(heap)
-        return None
+        best = self._best()
+        if best is None:
+            return None
+        deficit, request = best
+        return request.rid, self._view(request, deficit)
 
-    def _view(self, request: _Request) -> CandidateView:
+    def _view(self, request: _Request, deficit: int | None = None) -> CandidateView:
         chunks_before = self._shared_chain
         if chunks_before is None:
             chunks_before = self.shared_chain_len()
@@ -234,9 +249,11 @@ class ChunkedHashTree:
             while node.running != everyone and node.parent is not None:
                 node = node.parent
         chunks_after = node.end
-        # Holders of the key at level chunks_after - 1 are the node's waiting set.
-        waiting = len(node.waiting) - 1 if chunks_after else 0  # minus the candidate
-        return CandidateView(chunks_before, chunks_after, waiting, request.deficit, len(self._running))
+        # Holders of the key at level chunks_after - 1 are the node's waiting requests.
+        waiting = node.waiting - 1 if chunks_after else 0  # minus the candidate
+        if deficit is None:
+            deficit = _deficit(request)
+        return CandidateView(chunks_before, chunks_after, waiting, deficit, len(self._running))
 
     def waiting_shared_depth(self, rid: Hashable) -> int:
         """Leading chunks of waiting ``rid`` that at least one OTHER waiting request holds.
@@ -264,13 +281,25 @@ class ChunkedHashTree:
         node = self._deepest_shared_while_waiting(rid)
         if node.parent is None:  # the root: nothing shared
             return {rid}
-        return {request.rid for request in node.waiting}
+        # The live request entries in the heaps of the node's subtree, through the nodes that
+        # waiting requests pass.
+        group, stack = set(), [node]
+        while stack:
+            node = stack.pop()
+            for entry in node.heap:
+                item = entry[3]
+                if item.version == entry[2]:
+                    if type(item) is _Node:
+                        stack.append(item)
+                    else:
+                        group.add(item.rid)
+        return group
 
     def _deepest_shared_while_waiting(self, rid: Hashable) -> _Node:
         """The deepest node of waiting ``rid``'s path that another waiting request runs
         through too (the root if none)."""
         node = self._waiting_request(rid).leaf
-        while len(node.waiting) < 2 and node.parent is not None:
+        while node.waiting < 2 and node.parent is not None:
             node = node.parent
         return node
 
@@ -281,7 +310,7 @@ class ChunkedHashTree:
     def waiting_share(self, rid: Hashable) -> tuple[int, int]:
         """(``waiting_shared_depth(rid)``, ``waiting_group_size(rid)``) in one walk up the path."""
         node = self._deepest_shared_while_waiting(rid)
-        return node.end, (1 if node.parent is None else len(node.waiting))
+        return node.end, (1 if node.parent is None else node.waiting)
 
     def num_chunks(self, rid: Hashable) -> int:
         """Number of keys (chunks, the last one possibly partial) of ``rid``."""
@@ -294,6 +323,7 @@ class ChunkedHashTree:
     def memory_footprint(self) -> MemoryFootprint:
         """What the tree holds (O(nodes)), to check memory returns to baseline."""
         nodes = levels = working = reverse = holders = entries = tokens = 0
+        heap_entries, live = len(self._root.heap), self._root.live
         stack = list(self._root.children.values())
         while stack:
             node = stack.pop()
@@ -303,19 +333,22 @@ class ChunkedHashTree:
             levels = max(levels, node.end)
             working += length if node.running else 0
             reverse += length if node.waiting else 0
-            holders += length * len(node.waiting)
-            entries += len(node.waiting)
+            holders += length * node.waiting
+            entries += node.waiting
             tokens += 0 if node.source is None else node.stop - node.start * self.chunk_size
+            heap_entries += len(node.heap)
+            live += node.live
         return MemoryFootprint(
             requests=len(self._requests),
             levels=levels,
             working_set_keys=working,
             reverse_index_keys=reverse,
             reverse_index_holders=holders,
-            heap_entries=len(self._heap),
+            heap_entries=heap_entries,
             nodes=nodes,
             holder_entries=entries,
             node_tokens=tokens,
+            live_heap_entries=live,
         )
 
     def add_waiting(self, rid: Hashable, token_ids: Iterable[int] | np.ndarray) -> None:
@@ -369,7 +402,7 @@ class ChunkedHashTree:
         self._enter_waiting(self._leave_running(rid))
 
     def remove_waiting(self, rid: Hashable) -> None:
-        """Waiting -> gone (aborted before admission); its heap entries become stale."""
+        """Waiting -> gone (aborted before admission); its heap entry becomes stale."""
         request = self._lookup(rid, RequestState.WAITING)
         self._leave_waiting(request)
         self._detach(request)
@@ -437,7 +470,7 @@ class ChunkedHashTree:
         while level < total:
             child = node.children.get(keys[level])
             if child is None:
-                child = _Node(level, total, keys[level:], node, source, num_tokens)
+                child = _Node(level, total, array.array("Q", keys[level:]), node, source, num_tokens)
                 node.children[keys[level]] = child
                 return child
             # Levels of the child the new keys share: equal cumulative hashes at a level mean
@@ -459,54 +492,62 @@ class ChunkedHashTree:
         """Cut ``node`` before ``level``; return the new upper part (``node`` keeps the lower
         part, so leaves stay valid). Copies the waiting set: O(waiting through it)."""
         cut = level - node.start
-        upper = _Node(node.start, level, node.keys[:cut], node.parent, node.source,
-                      level * self.chunk_size, {node.keys[cut]: node}, node.running,
-                      set(node.waiting))
-        node.parent.children[node.keys[0]] = upper
+        parent = node.parent
+        upper = _Node(node.start, level, node.keys[:cut], parent, node.source,
+                      level * self.chunk_size, {node.keys[cut]: node}, node.running, node.waiting)
+        parent.children[node.keys[0]] = upper
         node.start, node.keys, node.parent = level, node.keys[cut:], upper
+        # The lower part's entry moves from the parent's heap to the upper part's (which posts
+        # the same key in the parent's).
+        self._unpost(node, parent)
+        self._refresh(node)
         return upper
 
-    @staticmethod
-    def _detach(request: _Request) -> None:
+    def _detach(self, request: _Request) -> None:
         """``request`` (no longer counted anywhere) leaves the tree: drop the nodes only it
         held and merge a node left with one child and no request ending in it."""
         node = request.leaf
         node.ends -= 1
         while not node.ends and not node.children and node.parent is not None:
             del node.parent.children[node.keys[0]]
+            self._unpost(node, node.parent)
             node = node.parent
         if not node.ends and len(node.children) == 1 and node.parent is not None:
             # Everything through ``node`` continues into its child: one run of levels now.
             (child,) = node.children.values()
+            parent = node.parent
             # The child's prompt runs through ``node`` too: it holds the merged levels' tokens.
-            child.start, child.keys, child.parent = node.start, node.keys + child.keys, node.parent
-            node.parent.children[node.keys[0]] = child
+            child.start, child.keys, child.parent = node.start, node.keys + child.keys, parent
+            parent.children[node.keys[0]] = child
+            self._unpost(node, parent)
+            child.key, child.version = None, -1  # its entry was in the merged node's heap
+            self._refresh(child)
 
     # ---- counts and deficits -------------------------------------------------------------
     def _enter_waiting(self, request: _Request) -> None:
-        missing = 0
-        node = request.leaf
+        leaf = node = request.leaf
         while node.parent is not None:
-            node.waiting.add(request)
-            if not node.running:
-                missing += node.end - node.start
+            node.waiting += 1
             node = node.parent
         request.state = RequestState.WAITING
-        request.deficit = missing
         self._num_waiting += 1
-        self._push(request)
+        request.version = version = self._next_version
+        self._next_version += 1
+        leaf.live += 1
+        heapq.heappush(leaf.heap, (0, request.arrival, version, request))
+        _compact_if_stale(leaf)
+        self._refresh(leaf)
 
     def _leave_waiting(self, request: _Request) -> None:
-        node = request.leaf
+        leaf = node = request.leaf
         while node.parent is not None:
-            node.waiting.discard(request)
+            node.waiting -= 1
             node = node.parent
-        request.heap_version = -1  # every heap entry of this request is now stale
-        self._num_waiting = live = self._num_waiting - 1
-        if live == 0:
-            self._heap.clear()  # only stale entries remain
-        elif len(self._heap) - live > HEAP_STALE_PER_LIVE * live + HEAP_COMPACT_MIN_STALE:
-            self._compact_heap_if_stale()
+        request.version = -1  # its heap entry is now stale
+        leaf.live -= 1
+        self._num_waiting -= 1
+        _compact_if_stale(leaf)
+        self._refresh(leaf)
 
     def _leave_running(self, rid: Hashable) -> _Request:
         request = self._lookup(rid, RequestState.RUNNING)
@@ -517,16 +558,15 @@ class ChunkedHashTree:
     def _shift_working_set(self, request: _Request, step: int) -> None:
         """Add (step +1) or remove (step -1) a running request's keys to the working set.
 
-        A node whose running count crosses zero moves the deficit of each waiting request
-        through it by -step x its length; each moved request gets one fresh heap entry,
-        however many of its nodes crossed.
+        A node whose running count crosses zero changes the missing chunks of every waiting
+        request through it: its own key in its parent's heap changes, and the change climbs.
         """
         # An admission can only shorten the chain, to the deepest node of this path that
         # everyone (the newcomer included) runs through: found on the same walk. A departure
         # may lengthen it anywhere: recomputed when next asked.
         chain = None
         everyone = len(self._running) if step > 0 else -1
-        changed: set[_Request] | None = None
+        crossed = []
         self.running_chunks += step * request.num_keys
         node = request.leaf
         while node.parent is not None:
@@ -534,46 +574,78 @@ class ChunkedHashTree:
             node.running = running = previous + step
             if previous == 0 or running == 0:
                 self.working_set_chunks += step * (node.end - node.start)
+                if node.waiting:
+                    crossed.append(node)
             if chain is None and running == everyone:
                 chain = node.end
-            if (previous == 0 or running == 0) and node.waiting:  # crossed zero
-                delta = step * (node.end - node.start)
-                for holder in node.waiting:
-                    holder.deficit -= delta
-                if changed is None:
-                    changed = set(node.waiting)
-                else:
-                    changed.update(node.waiting)
             node = node.parent
         self._shared_chain = (chain or 0) if step > 0 else None
-        if changed:
-            for holder in changed:
-                self._push(holder)
+        for node in crossed:  # deepest first: one climb usually carries the others' changes
+            self._refresh(node)
 
-    def _push(self, request: _Request) -> None:
-        """Give ``request`` a fresh heap entry; older entries of it become stale."""
-        version = self._next_heap_version
-        self._next_heap_version += 1
-        request.heap_version = version
-        heapq.heappush(self._heap, (request.deficit, request.arrival, version, request.rid))
-        self._compact_heap_if_stale()
+    def _refresh(self, node: _Node) -> None:
+        """Re-post ``node``'s key in its parent's heap after its best entry or its running
+        count changed, and climb while the posted keys change."""
+        while node.parent is not None:
+            top = _top(node)
+            key = None if top is None else (top[0] + (0 if node.running else node.end - node.start), top[1])
+            if key == node.key:
+                return
+            parent = node.parent
+            if node.key is None:
+                parent.live += 1
+            elif key is None:
+                parent.live -= 1
+            node.key = key
+            if key is None:
+                node.version = -1
+                _compact_if_stale(parent)
+            else:
+                node.version = version = self._next_version
+                self._next_version += 1
+                heapq.heappush(parent.heap, (key[0], key[1], version, node))
+                _compact_if_stale(parent)
+            node = parent
+        _top(node)  # the root: drop stale entries now, so that an empty tree holds none
 
-    def _compact_heap_if_stale(self) -> None:
-        """Keep heap entries <= (1 + HEAP_STALE_PER_LIVE) * live + HEAP_COMPACT_MIN_STALE.
+    @staticmethod
+    def _unpost(node: _Node, parent: _Node) -> None:
+        """``node``'s entry in ``parent``'s heap becomes stale (it moves or goes)."""
+        if node.key is not None:
+            parent.live -= 1
+            _compact_if_stale(parent)
+        node.key, node.version = None, -1
 
-        An O(live) rebuild frees >= 2 * live stale entries, each left by one push or one
-        departure, so it adds amortised O(1) to each.
-        """
-        live = self._num_waiting
-        if len(self._heap) - live > HEAP_STALE_PER_LIVE * live + HEAP_COMPACT_MIN_STALE:
-            requests = self._requests
-            live_entries = [
-                entry
-                for entry in self._heap
-                if (owner := requests.get(entry[3])) is not None and owner.heap_version == entry[2]
-            ]
-            heapq.heapify(live_entries)
-            self._heap = live_entries
+
+def _top(node: _Node) -> tuple | None:
+    """The best live entry of ``node``'s heap (stale ones on top are dropped); None if none."""
+    heap = node.heap
+    while heap:
+        entry = heap[0]
+        if entry[3].version == entry[2]:
+            return entry
+        heapq.heappop(heap)
+    return None
+
+
+def _compact_if_stale(node: _Node) -> None:
+    """Keep ``node``'s heap <= (1 + HEAP_STALE_PER_LIVE) * live + HEAP_COMPACT_MIN_STALE
+    entries: an O(len) rebuild frees >= 2 * live stale entries, each left by one push or one
+    departure, so it adds amortised O(1) to each."""
+    heap, live = node.heap, node.live
+    if len(heap) - live > HEAP_STALE_PER_LIVE * live + HEAP_COMPACT_MIN_STALE:
+        node.heap = [entry for entry in heap if entry[3].version == entry[2]]
+        heapq.heapify(node.heap)
+
+
+def _deficit(request: _Request) -> int:
+    """Chunks of ``request``'s path that no running request holds: O(nodes on its path)."""
+    missing, node = 0, request.leaf
+    while node.parent is not None:
+        if not node.running:
+            missing += node.end - node.start
+        node = node.parent
+    return missing
 
 
 def with_costs(state, cht: ChunkedHashTree, rid: Hashable, deficit: int, free_slots: int, kv_free: int):

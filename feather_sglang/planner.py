@@ -77,6 +77,7 @@ class AdmissionPlanner:
         self._agent_checkpoint: object = None
         # The starved group being served (request ids, oldest first); see the module docstring.
         self._drain: deque[Hashable] = deque()
+        self._oldest_scan = iter(())
         self.stats = PlannerStats()
 
     # ---- keeping in step with the scheduler ------------------------------------------------
@@ -177,6 +178,10 @@ class AdmissionPlanner:
 
         planned_tokens = 0  # estimated new prefill tokens of the picks so far
         leader_check = cached_prefix_tokens is not None and config.prefix_leader
+        # The starvation bound looks for the oldest waiting request once per starved group:
+        # one scan of the enqueue order per pass, resumed each time (requests this pass admits
+        # are behind it, or skipped once).
+        self._oldest_scan = iter(self._waiting_since)
 
         def room() -> bool:
             return len(plan.rids) < max_new and (token_budget is None or planned_tokens < token_budget)
@@ -270,7 +275,7 @@ class AdmissionPlanner:
 
         The group's ids are kept until each has been admitted or has left, so a group is
         finished across passes before the next starved group starts; ``_waiting_since`` is in
-        (re-)enqueue order, so finding the oldest is O(1) but for planned entries.
+        (re-)enqueue order, so finding the oldest resumes the pass's scan of it: O(picks) a pass.
         """
         drain, cht = self._drain, self.cht
         while drain and (drain[0] not in cht or cht.state(drain[0]) is not RequestState.WAITING):
@@ -278,7 +283,7 @@ class AdmissionPlanner:
         if drain:
             return drain
         deadline = self.clock() - self.config.max_wait_s
-        oldest = next((rid for rid in self._waiting_since if cht.state(rid) is RequestState.WAITING), None)
+        oldest = next((rid for rid in self._oldest_scan if cht.state(rid) is RequestState.WAITING), None)
         if oldest is None or self._waiting_since[oldest] >= deadline:
             return drain
         # The group's starved members, oldest first, from the group itself: O(g log g) for a

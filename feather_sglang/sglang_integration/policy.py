@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 # FEATHER_CHECK_INVARIANTS=1: check feather's view against the queue and the batch every pass.
 CHECK_INVARIANTS = os.environ.get("FEATHER_CHECK_INVARIANTS") == "1"
+# Aborted waiting requests tolerated before the queue slots are rebuilt (see FeatherState._slot).
+MAX_SHIFT_SEARCH = 1024
 
 
 
@@ -87,10 +89,13 @@ class FeatherState:
         # Where each waiting request sits in SGLang's waiting queue, as ``index + _slot_base``:
         # a pass moves its plan to the front by swaps, SGLang then drops the admitted from the
         # front, and ``_slot_base`` grows by their number, so the other slots stay valid
-        # without an O(W) rewrite. Every use checks ``queue[index] is req``; anything that
-        # moved behind feather's back (an abort's pop) costs one O(W) reindex.
+        # without an O(W) rewrite. Every use checks ``queue[index] is req``. An abort's pop
+        # shifts the requests behind it one place forward: after ``_shift`` such pops a
+        # request sits at most that many places before its slot, where a search of that span
+        # finds it. Anything else that moved behind feather's back costs one O(W) reindex.
         self._slot: dict = {}
         self._slot_base = 0
+        self._shift = 0
         self.reindexes = 0
         self._synced_running: Optional[list] = None  # running rids as of the last sync
         self.resyncs = 0
@@ -168,7 +173,7 @@ class FeatherState:
         self.planner = AdmissionPlanner(self.planner.config)
         self.planner.agent = agent
         self.reqs, self.plan_rids = {}, frozenset()
-        self._slot, self._slot_base, self._synced_running = {}, 0, None
+        self._slot, self._slot_base, self._shift, self._synced_running = {}, 0, 0, None
         running = self._running_reqs(running_batch)
         self._sync_running(running)
         for i, req in enumerate(waiting_queue):
@@ -208,6 +213,7 @@ class FeatherState:
         if self.reqs.get(req.rid) is req and self.planner.is_waiting(req.rid):
             self.planner.forget(req.rid)
             self._forget(req.rid)
+            self._shift += 1
 
     def on_pass_end(self, new_batch: Optional["ScheduleBatch"]) -> None:
         admitted = [r.rid for r in new_batch.reqs] if new_batch is not None else []
@@ -338,9 +344,13 @@ class FeatherState:
         and feather keeps its own arrival order for the starvation bound.
         """
         slot = self._slot
+        if self._shift > MAX_SHIFT_SEARCH:
+            self._reindex(queue)
         for i, req in enumerate(planned):
             j = slot.get(req.rid, -1) - self._slot_base
             if not (0 <= j < len(queue) and queue[j] is req):
+                j = self._search(queue, req, j)
+            if j < 0:
                 self._reindex(queue)
                 j = slot.get(req.rid, -1)
                 if j < 0:
@@ -349,12 +359,24 @@ class FeatherState:
                 displaced = queue[i]
                 queue[i], queue[j] = req, displaced
                 slot[displaced.rid] = j + self._slot_base
-                slot[req.rid] = i + self._slot_base
+            slot[req.rid] = i + self._slot_base
+
+    def _search(self, queue: list["Req"], req: "Req", j: int) -> int:
+        """Where ``req``, recorded at index ``j``, sits after the aborts' pops: within ``_shift``
+        places before ``j`` (O(_shift)), else -1."""
+        if j < 0 or not self._shift:
+            return -1
+        try:
+            return queue.index(req, max(j - self._shift, 0), j + 1)
+        except ValueError:
+            return -1
 
     def _reindex(self, queue: list["Req"]) -> None:
         """Rebuild every waiting request's slot: O(W), only when the queue changed behind
-        feather's back."""
+        feather's back, or after more than ``MAX_SHIFT_SEARCH`` aborts (amortised O(W /
+        MAX_SHIFT_SEARCH) each)."""
         self.reindexes += 1
+        self._shift = 0
         self._slot_base = 0
         self._slot.clear()
         self._slot.update({r.rid: i for i, r in enumerate(queue)})

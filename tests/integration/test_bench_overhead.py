@@ -45,7 +45,11 @@ def test_scale_benchmark_writes_per_pass_quantiles(tmp_path, capsys):
     out = tmp_path / "scale.json"
     assert scale.main(["--waiting", "300", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert [r["scenario"] for r in data["rows"]] == ["fresh", "starved no-sharing", "after an abort"]
+    assert [(r["scenario"], r["prompt_tokens"]) for r in data["rows"]] == [
+        ("fresh", 256), ("starved no-sharing", 256), ("after an abort", 256), ("fresh", 2048)]
     assert all(r["resyncs"] == 0 and r["p99_us"] >= r["p50_us"] > 0 for r in data["rows"])
+    assert all(r["feather_p99_us"] >= r["feather_p50_us"] > 0 for r in data["rows"])
+    # An abort's pop is found by a search of the span it shifted, not by an O(W) reindex.
+    assert all(r["reindexes"] == 0 for r in data["rows"])
     assert data["provenance"]["git"]["commit"] and data["provenance"]["machine"]["cpu"]
     print(capsys.readouterr().out)

@@ -899,6 +899,31 @@ def test_a_hooked_abort_costs_no_resync_and_an_unhooked_append_is_adopted_from_t
     assert sched.feather.resyncs == 0 and sched.feather.adopted == 1 and sched.feather.faults.total == 0
 
 
+def test_aborts_from_the_middle_of_the_queue_cost_no_reindex(monkeypatch):
+    """Each abort shifts the requests behind it: feather finds its plan by searching the span
+    the aborts shifted (O(aborts)), and only rebuilds every slot once that span is too wide."""
+    monkeypatch.setattr(policy_mod, "CHECK_INVARIANTS", True)
+    sched = MiniScheduler("feather")
+    for r in grouped_reqs(seed=5):
+        sched.add_request(r)
+    sched.policy.calc_priority(sched.waiting_queue, sched.running_batch)
+    sched.feather.on_pass_end(None)
+    base = sched.feather.reindexes
+    for victim in (1, 4, 2):  # from the front half, so most of the queue shifts
+        sched.abort_waiting(sched.waiting_queue[victim].rid)
+    record = sched.step()
+    assert record.admitted and sched.feather.reindexes == base and sched.feather.resyncs == 0
+    slot, slot_base = sched.feather._slot, sched.feather._slot_base
+    for i, r in enumerate(sched.waiting_queue):  # every slot is exact or within the shift
+        assert 0 <= slot[r.rid] - slot_base - i <= 3
+
+    monkeypatch.setattr(policy_mod, "MAX_SHIFT_SEARCH", 1)
+    sched.abort_waiting(sched.waiting_queue[0].rid)
+    sched.abort_waiting(sched.waiting_queue[0].rid)
+    sched.step()
+    assert sched.feather.reindexes == base + 1 and sched.feather.faults.total == 0
+
+
 def test_a_reused_rid_is_a_new_request():
     sched = MiniScheduler("feather")
     first = make_req("g0-0", prompt(0, 0))

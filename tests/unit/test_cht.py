@@ -302,7 +302,7 @@ def test_shared_prompts_reuse_keys_without_pinning_sglang_arrays():
     cht.add_waiting("first", first)
     cht.add_waiting("second", second)
     node = cht._requests["second"].leaf
-    assert node.parent.keys + node.keys == chunk_hashes(second, 4)[node.parent.start :]
+    assert list(node.parent.keys + node.keys) == chunk_hashes(second, 4)[node.parent.start :]
     assert cht.memory_footprint().nodes == 3  # the shared prefix, two own suffixes
     first.append(4)  # would raise BufferError if the tree held a buffer view of it
     second.extend([12, 13])

@@ -150,10 +150,20 @@ def check_against_model(tree: ChunkedHashTree, model: BruteForceModel) -> None:
         for key, child in node.children.items():
             assert child.parent is node and child.start == node.end and child.keys[0] == key
             stack.append(child)
-    # One live entry per waiting request, stale ones bounded by compaction.
-    live = len(waiting)
-    bound = (HEAP_STALE_PER_LIVE + 1) * live + HEAP_COMPACT_MIN_STALE
-    assert live <= footprint.heap_entries <= bound
+    # One live entry per waiting request and per node a waiting request passes (the
+    # tournament's), stale ones bounded by each heap's compaction.
+    passed = sum(1 for node in _nodes(tree) if node.waiting)
+    assert footprint.live_heap_entries == len(waiting) + passed
+    bound = (HEAP_STALE_PER_LIVE + 1) * footprint.live_heap_entries + HEAP_COMPACT_MIN_STALE * (footprint.nodes + 1)
+    assert footprint.heap_entries <= bound
+
+
+def _nodes(tree):
+    stack = list(tree._root.children.values())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        yield node
 
 
 @settings(max_examples=200, deadline=None)
