@@ -49,7 +49,7 @@ bench-attention: setup
 # the timings stable on a small shared machine (see README).
 AB_ARGS ?= --threads 1
 AB_AGENT_PPO := ppo:feather_rl/agents/ppo_serving.zip
-# batchllm-half and feather-8x100-p400 (SPECS in feather_sglang/workloads.py) are batchllm with
+# batchllm-half and feather-8x100-p400 (SPECS in feather_bench/workloads.py) are batchllm with
 # BatchLLM's sizes halved and feather-8x100 with prompts cut to 400 tokens, for the agents, the
 # 64-token and the small-pool variants (a 4,096-token pool cannot hold one group's 2,000-token
 # prefix and its 16 requests; a 2,048 one no 2,000-token prompts)

@@ -56,7 +56,7 @@ def _requests(make_req, w: int, shared: bool) -> list:
 def scenario(w: int, kind: str) -> dict:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
-    from feather_sglang.bench.overhead import SchedulerStandIn, make_req, make_tree_cache, publish_context
+    from feather_bench.overhead import SchedulerStandIn, make_req, make_tree_cache, publish_context
     from feather_sglang.config import FeatherConfig
     from feather_sglang.sglang_integration import policy as policy_mod
 

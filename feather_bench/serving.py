@@ -20,8 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from feather_sglang.tools.machine import describe, git_state
-from feather_sglang.tools.server import SGLangServer
+from feather_bench.tools.machine import describe, git_state
+from feather_bench.tools.server import SGLangServer
 
 STOCK_POLICIES = ("fcfs", "lpm", "dfs-weight")
 BACKENDS = ("torch_native", "feather")

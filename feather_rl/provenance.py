@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from feather_sglang.tools.machine import describe, git_state
+from feather_bench.tools.machine import describe, git_state
 
 
 def date() -> str:

@@ -1,7 +1,7 @@
 """``feather-record``: measure real batches with the real executor, for the replay executor.
 
 The grid: batch sizes x prefix groups per batch x prompt shapes (shared prefix + distinct
-suffix, real text from ``feather_sglang.workloads.TextSource``). Each point is one real batch
+suffix, real text from ``feather_bench.workloads.TextSource``). Each point is one real batch
 run through ``sglang.Engine`` (:class:`RealExecutor`); the file keeps every measurement with its
 provenance (command, model, settings, machine, date, duration).
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    from feather_sglang.workloads import TextSource, load_tokenizer
+    from feather_bench.workloads import TextSource, load_tokenizer
 
     sizes = [int(x) for x in args.sizes.split(",")]
     groups = [int(x) for x in args.groups.split(",")]

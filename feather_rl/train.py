@@ -369,7 +369,7 @@ def split_workloads(text: str) -> list[str]:
     """Workload specs from one command-line value: separated by ',' or ';'; a part that does not
     start with a workload name (or ``file:``) continues the previous spec's parameters, so
     ``gsp:groups=2,prompts_per_group=16,batchllm`` is two specs."""
-    from feather_sglang.workloads import WORKLOADS
+    from feather_bench.workloads import WORKLOADS
 
     specs: list[str] = []
     for part in text.replace(";", ",").split(","):

@@ -2,7 +2,7 @@
 
 A spec is ``NAME`` (``gsp``, ``feather-8x100``, ``feather-8x50``, ``batchllm``, ``multilevel``,
 ``no-sharing``), a named shape (``feather-8x100-p400``, ``batchllm-half``: ``SPECS`` in
-``feather_sglang/workloads.py``, which parses specs), ``NAME:key=value,key=value`` (generator
+``feather_bench/workloads.py``, which parses specs), ``NAME:key=value,key=value`` (generator
 parameters, e.g.
 ``gsp:groups=8,prompts_per_group=4``), or ``file:PATH`` (a workload file in the A/B tool's JSON
 Lines format). Built-ins are rebuilt per seed (other text, other shuffle); a file is the same
@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from feather_sglang.chunk_hash import chunk_hashes
-from feather_sglang.workloads import SPECS, Workload, WorkloadError, build_workload, load_tokenizer, load_workload_file, parse_spec
+from feather_bench.workloads import SPECS, Workload, WorkloadError, build_workload, load_tokenizer, load_workload_file, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TOKENIZER = REPO / "models" / "tiny-llama"  # SmolLM2's tokenizer

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from feather_sglang.ab.runner import Common
+from feather_bench.ab.runner import Common
 
 DEFAULT_KV_POOL = Common.max_total_tokens  # feather-ab's --max-total-tokens default
 

@@ -42,7 +42,7 @@ the targets are stated for (8 query and 8 KV heads, head dim 64; rows with ``"sh
 ``--extend`` adds the extend case (``prefix_shared_extend`` vs torch_native's extend
 loop, which attends all ``seq_len`` query rows and keeps the new ones).
 ``--server`` adds the end-to-end comparison on a real server
-(:func:`feather_sglang.bench.attention_e2e.run_server_comparison`): total times, their split
+(:func:`feather_bench.attention_e2e.run_server_comparison`): total times, their split
 into extend, decode and attention from the batch trace, and two bounds on the ratio, with
 feather's attention free and with it taking only its own FLOPs (the prompts' shared prefix
 computed once) at the GEMM peak measured here at the servers' thread count and dtype.
@@ -74,8 +74,8 @@ from feather_kernels import (  # noqa: E402
 )
 from feather_kernels.prefix_shared_cpu import prefix_dtype  # noqa: E402
 from feather_kernels.synthetic import LAYOUTS, make_decode_batch, make_extend_batch  # noqa: E402
-from feather_sglang.bench.timing import medians_ms  # noqa: E402
-from feather_sglang.tools.machine import describe  # noqa: E402
+from feather_bench.timing import medians_ms  # noqa: E402
+from feather_bench.tools.machine import describe  # noqa: E402
 
 HQ, HKV, HEAD_DIM = 9, 3, 64  # SmolLM2-135M-Instruct
 # 8 query and 8 KV heads of dimension 64: the shape the speed-up targets (8x at B16/P2048,
@@ -476,7 +476,7 @@ def main(argv=None) -> int:
     split_rows = run_split(21) if args.split else []
     server = None
     if args.server:
-        from feather_sglang.bench.attention_e2e import run_server_comparison
+        from feather_bench.attention_e2e import run_server_comparison
 
         torch.set_num_threads(os.cpu_count() or 1)  # the servers are separate processes anyway
         server = {}

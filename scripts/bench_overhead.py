@@ -9,7 +9,7 @@ groups, shuffled arrival) over real tree caches holding a running batch's prompt
 one scheduling pass of each policy: SGLang's ``SchedulePolicy.calc_priority`` (fcfs, lpm,
 dfs-weight, and lpm's matching without its >128 FCFS fallback) and feather's
 ``calc_priority``; plus feather's per-request insert/remove costs. What each row measures:
-``feather_sglang/bench/overhead.py``. Full run: W in {128, 1024, 4096} x T in {2K, 8K, 20K}
+``feather_bench/overhead.py``. Full run: W in {128, 1024, 4096} x T in {2K, 8K, 20K}
 tokens; ``--quick``: W in {128, 1024} x T in {2K, 8K} with fewer repeats.
 """
 
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore")
-    from feather_sglang.bench import overhead as bench
+    from feather_bench import overhead as bench
 
     settings = bench.Settings(seed=args.seed, quick=args.quick)
     if args.quick:
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
         import json
         from pathlib import Path
 
-        from feather_sglang.bench.live import run_live
+        from feather_bench.live import run_live
 
         print(f"live server: feather on {args.live} ...", file=sys.stderr, flush=True)
         log_path = Path(REPO) / "results" / "bench_overhead_live_server.log"

@@ -22,9 +22,9 @@ import openai
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from feather_sglang.tools.machine import describe as machine  # noqa: E402
-from feather_sglang.tools.server import SGLangServer  # noqa: E402
-from feather_sglang.tools.workload import generate_all, shared_prefix_prompts  # noqa: E402
+from feather_bench.tools.machine import describe as machine  # noqa: E402
+from feather_bench.tools.server import SGLangServer  # noqa: E402
+from feather_bench.tools.workload import generate_all, shared_prefix_prompts  # noqa: E402
 
 DEFAULT_MODEL = REPO / "models" / "SmolLM2-135M-Instruct"
 

@@ -166,7 +166,7 @@ EOF
     if "$PY" -c "import sglang.srt.entrypoints.http_server" >/dev/null 2>&1 && [ -d "$model" ]; then
         timeout "$SERVER_TIMEOUT" "$PY" - "$model" "$OUTDIR/gpu_server.log" <<'PYSERVER'
 import sys, requests
-from feather_sglang.tools.server import SGLangServer
+from feather_bench.tools.server import SGLangServer
 model, log = sys.argv[1], sys.argv[2]
 with SGLangServer(model, "feather", ["--attention-backend", "feather"], log_path=log) as server:
     r = requests.post(server.url + "/generate", timeout=120, json={

@@ -11,8 +11,8 @@ import pytest
 import requests
 
 from feather_sglang.sglang_integration import faults
-from feather_sglang.tools.server import SGLangServer
-from feather_sglang.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
+from feather_bench.tools.server import SGLangServer
+from feather_bench.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
 
 pytestmark = pytest.mark.e2e
 

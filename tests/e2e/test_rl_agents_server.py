@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from feather_sglang.tools.server import SGLangServer
-from feather_sglang.tools.workload import generate_all, shared_prefix_prompts
+from feather_bench.tools.server import SGLangServer
+from feather_bench.tools.workload import generate_all, shared_prefix_prompts
 
 pytestmark = pytest.mark.e2e
 

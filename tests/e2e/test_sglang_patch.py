@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import sglang
 
-from feather_sglang.tools.server import SGLangServer
-from feather_sglang.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
+from feather_bench.tools.server import SGLangServer
+from feather_bench.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "patch_sglang.py"

@@ -10,8 +10,8 @@ import pytest
 import requests
 
 from feather_sglang.config import FeatherConfigError
-from feather_sglang.tools.engine import shutdown_engine
-from feather_sglang.tools.server import SGLangServer
+from feather_bench.tools.engine import shutdown_engine
+from feather_bench.tools.server import SGLangServer
 
 pytestmark = pytest.mark.e2e
 

@@ -89,7 +89,7 @@ def test_stop_dispatches_and_truncation_is_apart_from_termination():
 
 
 def test_workload_file_and_bad_specs(tmp_path):
-    from feather_sglang.workloads import WorkloadError, build_workload, load_tokenizer, write_workload_file
+    from feather_bench.workloads import WorkloadError, build_workload, load_tokenizer, write_workload_file
     from feather_rl.workload_specs import DEFAULT_TOKENIZER
 
     path = tmp_path / "w.jsonl"

@@ -45,7 +45,7 @@ def test_short_ppo_run_beats_random_and_resumes(tmp_path):
 
 
 def test_eval_writes_rows_and_summary(tmp_path, capsys):
-    from feather_sglang.workloads import build_workload, load_tokenizer, write_workload_file
+    from feather_bench.workloads import build_workload, load_tokenizer, write_workload_file
     from feather_rl.workload_specs import DEFAULT_TOKENIZER
 
     wfile = tmp_path / "heldout.jsonl"

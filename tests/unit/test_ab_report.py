@@ -1,15 +1,15 @@
-"""The A/B tool's arithmetic and reporting (feather_sglang/ab/{metrics,report,cli}.py) on
+"""The A/B tool's arithmetic and reporting (feather_bench/ab/{metrics,report,cli}.py) on
 hand-made records and traces whose figures are known; the real runs are in tests/e2e/test_ab.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from feather_sglang.ab.client import RequestRecord
-from feather_sglang.ab.metrics import compute, median_of
-from feather_sglang.ab.report import check_greedy, summary, table
-from feather_sglang.ab.runner import ABConfig, RunResult
-from feather_sglang.workloads import Workload, WorkloadRequest
+from feather_bench.ab.client import RequestRecord
+from feather_bench.ab.metrics import compute, median_of
+from feather_bench.ab.report import check_greedy, summary, table
+from feather_bench.ab.runner import ABConfig, RunResult
+from feather_bench.workloads import Workload, WorkloadRequest
 
 
 def rec(rid, prompt, cached, ids, ttft, e2e, gaps=None):
@@ -86,7 +86,7 @@ def test_summary_compares_feather_with_the_best_baseline_and_separates_policy_fr
 
 
 def test_table_has_a_row_per_configuration():
-    from feather_sglang.ab.metrics import COLUMNS
+    from feather_bench.ab.metrics import COLUMNS
 
     r = {k: 1.0 for k, _, _ in COLUMNS}
     text = table([{**r, "config": "fcfs + torch_native"}, {**r, "config": "feather + feather"}])
@@ -114,7 +114,7 @@ def test_table_has_a_row_per_configuration():
     ],
 )
 def test_bad_options_exit_2_saying_what_is_allowed(argv, message, tmp_path, capsys):
-    from feather_sglang.ab.cli import main
+    from feather_bench.ab.cli import main
 
     with pytest.raises(SystemExit) as e:
         main([*argv, "--json", str(tmp_path / "x.json")])

@@ -1,6 +1,6 @@
 """The attention FLOP floor the server benchmark compares feather's attention time with."""
 
-from feather_sglang.bench.attention_e2e import attention_flops
+from feather_bench.attention_e2e import attention_flops
 
 
 def test_counts_each_shared_prefix_once_and_every_decode_step():

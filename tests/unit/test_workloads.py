@@ -1,4 +1,4 @@
-"""Built-in workloads and workload files (feather_sglang/workloads.py), on the real tokenizer."""
+"""Built-in workloads and workload files (feather_bench/workloads.py), on the real tokenizer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from feather_sglang.workloads import (
+from feather_bench.workloads import (
     SPECS,
     WORKLOADS,
     WorkloadError,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from feather_sglang.ab.metrics import COLUMNS
-from feather_sglang.tools.workload import Output, compare_greedy
+from feather_bench.ab.metrics import COLUMNS
+from feather_bench.tools.workload import Output, compare_greedy
 
 
 def check_greedy(outputs: dict) -> list[str]:

@@ -71,7 +71,7 @@ from sglang.srt.runtime_context import publish, reset_context
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
-from feather_sglang.tools.machine import git_state
+from feather_bench.tools.machine import git_state
 from feather_sglang.chunk_hash import chunk_hashes
 from feather_sglang.config import FeatherConfig
 from feather_sglang.sglang_integration import policy as policy_mod
@@ -547,7 +547,7 @@ def peak_rss_mb() -> float:
 def machine_info(settings: Settings) -> dict:
     import importlib.metadata as md
 
-    from feather_sglang.tools.machine import cpu_model
+    from feather_bench.tools.machine import cpu_model
 
     model = cpu_model()
     classes = {}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable, Optional, TextIO
 from tqdm import tqdm
 
 if TYPE_CHECKING:
-    from feather_sglang.workloads import Workload, WorkloadRequest
+    from feather_bench.workloads import Workload, WorkloadRequest
 
 
 @dataclass

@@ -10,8 +10,8 @@ import numpy as np
 from feather_sglang.sglang_integration.trace import time_split
 
 if TYPE_CHECKING:
-    from feather_sglang.ab.runner import RunResult
-    from feather_sglang.workloads import Workload
+    from feather_bench.ab.runner import RunResult
+    from feather_bench.workloads import Workload
 
 # The metrics of one run, in table order: (key, column header, format)
 COLUMNS = [

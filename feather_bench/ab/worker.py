@@ -1,6 +1,6 @@
 """Child process of the A/B tool's offline mode: one ``sglang.Engine``, one workload.
 
-    python -m feather_sglang.ab.worker SPEC.json
+    python -m feather_bench.ab.worker SPEC.json
 
 SPEC: ``{"engine_kwargs": {...}, "workload": "w.jsonl", "out": "out.json", "desc": "..."}``.
 Writes ``{"records": [...], "makespan_s": s, "start_monotonic": t}`` to ``out``. Its stdout and
@@ -20,10 +20,10 @@ def main(spec_path: str) -> None:
     spec = json.loads(open(spec_path).read())
     import sglang
 
-    from feather_sglang.ab.client import drive, engine_stream_fn
-    from feather_sglang.ab.runner import warmup_ids
-    from feather_sglang.tools.engine import shutdown_engine
-    from feather_sglang.workloads import load_tokenizer, load_workload_file
+    from feather_bench.ab.client import drive, engine_stream_fn
+    from feather_bench.ab.runner import warmup_ids
+    from feather_bench.tools.engine import shutdown_engine
+    from feather_bench.workloads import load_tokenizer, load_workload_file
 
     kwargs = spec["engine_kwargs"]
     workload = load_workload_file(spec["workload"], load_tokenizer(kwargs["model_path"]))

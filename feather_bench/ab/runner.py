@@ -1,6 +1,6 @@
 """Run one workload under one configuration, on a fresh SGLang each time.
 
-Offline mode runs ``sglang.Engine`` in a child process (``python -m feather_sglang.ab.worker``)
+Offline mode runs ``sglang.Engine`` in a child process (``python -m feather_bench.ab.worker``)
 so that every configuration starts from the same state and nothing of one run (memory, radix
 cache, hooks) leaks into the next; online mode starts a real ``sglang.launch_server`` and
 sends the requests over HTTP at their arrival times. Both warm the model up on a short
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from feather_sglang.ab.client import RequestRecord
+from feather_bench.ab.client import RequestRecord
 from feather_sglang.sglang_integration.trace import ENV as TRACE_ENV
 from feather_sglang.sglang_integration.trace import read_trace
-from feather_sglang.workloads import Workload, write_workload_file
+from feather_bench.workloads import Workload, write_workload_file
 
 WARMUP_TOKENS = 32
 
@@ -134,7 +134,7 @@ def run_offline(workload: Workload, config: ABConfig, common: Common, workdir: P
         with open(log_path, "w") as log:
             # its own process group, so that an interrupted comparison also stops the engine's
             # scheduler and detokenizer processes instead of leaving them running
-            proc = subprocess.Popen([sys.executable, "-m", "feather_sglang.ab.worker", str(spec_path)], env=env,
+            proc = subprocess.Popen([sys.executable, "-m", "feather_bench.ab.worker", str(spec_path)], env=env,
                                     stdout=log, stderr=subprocess.STDOUT, pass_fds=(progress_fd,),
                                     start_new_session=True)
             try:
@@ -156,8 +156,8 @@ def run_online(workload: Workload, config: ABConfig, common: Common, workdir: Pa
     """One configuration through a real ``sglang.launch_server`` over HTTP."""
     import requests
 
-    from feather_sglang.ab.client import drive_server
-    from feather_sglang.tools.server import SGLangServer
+    from feather_bench.ab.client import drive_server
+    from feather_bench.tools.server import SGLangServer
 
     workdir.mkdir(parents=True, exist_ok=True)
     stem = config.file_stem

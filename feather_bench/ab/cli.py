@@ -22,12 +22,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from feather_sglang.ab import report
-from feather_sglang.ab.metrics import compute, median_of
-from feather_sglang.ab.runner import ABConfig, Common, run_offline, run_online, scratch_dir
+from feather_bench.ab import report
+from feather_bench.ab.metrics import compute, median_of
+from feather_bench.ab.runner import ABConfig, Common, run_offline, run_online, scratch_dir
 from feather_sglang.config import FeatherConfig
-from feather_sglang.tools.machine import describe as describe_machine
-from feather_sglang.workloads import SPECS, WORKLOADS, WorkloadError, build_workload, load_tokenizer, load_workload_file, parse_spec
+from feather_bench.tools.machine import describe as describe_machine
+from feather_bench.workloads import SPECS, WORKLOADS, WorkloadError, build_workload, load_tokenizer, load_workload_file, parse_spec
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct"
 BASELINE_POLICIES = ("fcfs", "lpm", "dfs-weight")
@@ -42,7 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", metavar="SPEC",
                      help=f"a built-in workload ({', '.join(WORKLOADS)}), a named shape ({', '.join(SPECS)}) or "
-                     "NAME:key=value,... (generator parameters; see feather_sglang/workloads.py)")
+                     "NAME:key=value,... (generator parameters; see feather_bench/workloads.py)")
     src.add_argument("--workload-file", help="JSON Lines: {id, prompt|input_ids, max_new_tokens[, arrival_s, group]}")
     g = p.add_argument_group("gsp workload")
     g.add_argument("--gsp-groups", type=int, default=4)

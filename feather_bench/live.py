@@ -24,8 +24,8 @@ def parse_shares(log_text: str) -> list[tuple[float, float]]:
 def run_live(model: str, log_path: Path, groups: int = 4, per_group: int = 16, repeat: int = 40,
              max_new_tokens: int = 64) -> dict:
     """Serve ``model`` with feather, send the shared-prefix batch, return the logged shares."""
-    from feather_sglang.tools.server import SGLangServer
-    from feather_sglang.tools.workload import generate_all, shared_prefix_prompts
+    from feather_bench.tools.server import SGLangServer
+    from feather_bench.tools.workload import generate_all, shared_prefix_prompts
 
     prompts = shared_prefix_prompts(groups, per_group, repeat=repeat)
     args = ["--decode-log-interval", "10", "--max-running-requests", "16"]
