@@ -23,10 +23,10 @@ env:
 	@bash scripts/setup_env.sh
 
 models: env
-	@$(PYTHON) scripts/setup_models.py
+	@$(PYTHON) -m feather_bench.setup_models
 
 demo: setup
-	$(PYTHON) scripts/demo.py
+	$(PYTHON) -m feather_bench.demo
 
 test: setup
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
@@ -35,14 +35,14 @@ test-fast: setup
 	$(PYTHON) -m pytest -m "not e2e" $(PYTEST_ARGS)
 
 bench-overhead: setup
-	$(PYTHON) scripts/bench_overhead.py --json results/bench_overhead.json
+	$(PYTHON) -m feather_bench.overhead --json results/bench_overhead.json
 	.venv/bin/feather-bench-scale --waiting 10000,50000 --json results/scale/scale.json
 
 bench-overhead-quick: setup
-	$(PYTHON) scripts/bench_overhead.py --quick --json results/bench_overhead_quick.json
+	$(PYTHON) -m feather_bench.overhead --quick --json results/bench_overhead_quick.json
 
 bench-attention: setup
-	$(PYTHON) scripts/bench_attention.py --extend --server --json results/bench_attention.json
+	$(PYTHON) -m feather_bench.attention --extend --server --json results/bench_attention.json
 
 # feather-ab: every policy x attention backend on each built-in workload, then the example
 # workload file online (Poisson arrivals from the file). One torch thread per SGLang run keeps
@@ -78,7 +78,7 @@ bench-serving: setup
 	$(PYTHON) -m feather_bench.docs
 
 bench-dtype: setup
-	$(PYTHON) scripts/bench_dtype.py --json results/bench_dtype.json
+	$(PYTHON) -m feather_bench.dtype --json results/bench_dtype.json
 
 # On a machine with an NVIDIA GPU (no setup: a GPU host's python3 holds CUDA torch; .venv's is CPU)
 gpu-check:
@@ -87,7 +87,7 @@ gpu-check:
 # patches/: whether the fork patch applies to an sglang tree (the directory holding sglang/)
 SGLANG_TREE ?= $(shell $(PYTHON) -c "import os, sglang; print(os.path.dirname(os.path.dirname(sglang.__file__)))" 2>/dev/null)
 patch-check: setup
-	$(PYTHON) scripts/patch_sglang.py "$(SGLANG_TREE)" --check
+	$(PYTHON) -m feather_bench.patch_sglang "$(SGLANG_TREE)" --check
 
 clean-models:
 	rm -rf models

@@ -1,5 +1,12 @@
 """Scheduling overhead per pass: feather's chunked hash tree against SGLang's lpm and dfs-weight.
 
+    python -m feather_bench.overhead --quick --json results/bench_overhead_quick.json
+    python -m feather_bench.overhead --json results/bench_overhead.json
+
+Full run: W in {128, 1024, 4096} x T in {2K, 8K, 20K} tokens; ``--quick``: W in {128, 1024} x
+T in {2K, 8K} with fewer repeats. ``--live`` also runs a real server with feather and reports
+feather's logged share of step time.
+
 One *cell* is a waiting queue of ``W`` real SGLang ``Req`` objects with ``T``-token prompts
 in ``G`` prefix groups (prompt = its group's prefix of ~90% of ``T`` + a unique suffix), in
 shuffled arrival order, and a running batch of ``B`` requests of group 0 whose prompts are
@@ -35,6 +42,7 @@ scheduling cost only.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import math
@@ -71,6 +79,8 @@ from sglang.srt.runtime_context import publish, reset_context
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
+from feather_bench.argtypes import ints
+from feather_bench.paths import RESULTS_DIR, model_dir
 from feather_bench.tools.machine import git_state
 from feather_sglang.chunk_hash import chunk_hashes
 from feather_sglang.config import FeatherConfig
@@ -700,3 +710,87 @@ def run(settings: Settings, json_path: Optional[str], log=None) -> dict:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1, default=str)
     return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="W in {128, 1024}, T in {2K, 8K}, fewer repeats (under a minute)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+    parser.add_argument("--waiting", type=ints, help="comma-separated waiting-queue sizes (overrides the grid)")
+    parser.add_argument("--tokens", type=ints, help="comma-separated prompt lengths in tokens (overrides the grid)")
+    parser.add_argument("--groups", type=int, help="prefix groups (default 8)")
+    parser.add_argument("--batch", type=int, help="running requests and picks per pass (default 32)")
+    parser.add_argument("--caches", help="tree caches, comma-separated: unified (sglang's default), radix")
+    parser.add_argument("--repeats", type=int, help="timed passes of the matching policies")
+    parser.add_argument("--max-rss-gb", type=float, help="skip cells that would push RSS past this (default 12)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--live", metavar="MODEL_DIR", nargs="?", const=str(model_dir()),
+                        help="also run a real server with feather on MODEL_DIR (default: the SmolLM2 model) "
+                             "and report feather's logged share of step time")
+    args = parser.parse_args(argv)
+
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    settings = Settings(seed=args.seed, quick=args.quick)
+    if args.quick:
+        settings.waiting, settings.tokens = QUICK_WAITING, QUICK_TOKENS
+        settings.repeats, settings.cheap_repeats, settings.n_insert, settings.pick_number = 3, 7, 50, 1000
+    if args.waiting:
+        settings.waiting = args.waiting
+    if args.tokens:
+        settings.tokens = args.tokens
+    if args.groups:
+        settings.groups = args.groups
+    if args.batch:
+        settings.batch = args.batch
+    if args.caches:
+        settings.caches = tuple(c.strip() for c in args.caches.split(",") if c.strip())
+    if args.repeats:
+        settings.repeats = args.repeats
+    if args.max_rss_gb:
+        settings.max_rss_gb = args.max_rss_gb
+
+    start = time.perf_counter()
+    result = run(settings, None)
+    if args.live:
+        from feather_bench.live import run_live
+
+        print(f"live server: feather on {args.live} ...", file=sys.stderr, flush=True)
+        log_path = RESULTS_DIR / "bench_overhead_live_server.log"
+        log_path.parent.mkdir(exist_ok=True)
+        result["live_server"] = live = run_live(args.live, log_path)
+        result["summary"]["live_share_of_step_time_pct_median"] = live["share_of_step_time_pct_median"]
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    print(format_table(result["rows"]))
+    print()
+    s = result["summary"]
+    for key in ("ratio_vs_dfs_weight_at_largest", "ratio_vs_lpm_at_largest", "insert_us_per_1k_tokens"):
+        print(f"{key}: {s[key]}")
+    print(f"largest cell: {s.get('largest_cell')} on {s.get('tree_cache')} "
+          f"({result['machine']['tree_caches'].get(s.get('tree_cache'))})")
+    print(f"by tree cache: {s.get('by_tree_cache')}")
+    print(f"pick at largest W: {s.get('pick_us_at_largest_waiting')}")
+    print(f"targets: {s.get('targets')}")
+    if "live_server" in result:
+        live = result["live_server"]
+        print(f"live server ({live['model']}, {live['requests']} requests, {live['log_lines']} log lines): "
+              f"feather {live['ms_per_pass_median']} ms/pass, median {live['share_of_step_time_pct_median']}% "
+              f"(max {live['share_of_step_time_pct_max']}%) of step time")
+    for skip in result["skipped"]:
+        print(f"SKIPPED: {skip}")
+    print(f"wall {time.perf_counter() - start:.1f} s, peak RSS {result['machine']['peak_rss_mb']:,.0f} MB"
+          + (f", JSON: {args.json}" if args.json else ""))
+    return 0
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -150,7 +150,7 @@ def _common_lens(req_to_token: torch.Tensor, rows: torch.Tensor, gid: torch.Tens
 
 # NOTE: a split must at least halve the KV reads: fewer queries per group make the attention
 # op less efficient, so a small cut in reads need not pay. Measured on one layer's step
-# (scripts/bench_attention.py --split, which also times the split at any saving): splits that
+# (python -m feather_bench.attention --split, which also times the split at any saving): splits that
 # cut the reads to 0.30-0.32 of one group's ran 1.4x-1.6x faster; one that cut them to 0.69 ran
 # 0.84x-1.07x over 6 runs, no gain, so it is not taken.
 _SPLIT_MAX_READS = 0.5

