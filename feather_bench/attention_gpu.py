@@ -674,9 +674,10 @@ def main(argv=None) -> int:
          f"{'flashinfer':>11}" + (f"{'sglang_pkg':>11}" if "sglang_pkg" in kernels else "")
          + (f"{'vs_sglang':>10}{'vs_fi':>10}" if timing else ""))
     rows, skipped = [], []
-    machine = {"python": platform.python_version(), "torch": torch.__version__,
-               "triton": getattr(triton, "__version__", None),
-               "gpu": torch.cuda.get_device_name(0) if cuda else None,
+    from feather_bench.tools.machine import describe
+
+    machine = {**describe("triton", "flashinfer"),
+               "gpu_name": torch.cuda.get_device_name(0) if cuda else None,
                "cuda": torch.version.cuda, "smoke": args.smoke,
                "kernels": {k: (getattr(v, "how", None) if k.startswith("sglang") else
                                getattr(v, "__version__", None)) for k, v in kernels.items()},

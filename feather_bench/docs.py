@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path()  # the repository's root: run from there
 BEGIN, END = "<!-- options -->", "<!-- /options -->"
 
 

@@ -555,26 +555,18 @@ def peak_rss_mb() -> float:
 
 
 def machine_info(settings: Settings) -> dict:
-    import importlib.metadata as md
+    from feather_bench.tools.machine import describe
 
-    from feather_bench.tools.machine import cpu_model
-
-    model = cpu_model()
     classes = {}
     for kind in settings.caches:
         cache, _ = make_tree_cache(kind, 1 << 16, 1024, 8)
         classes[kind] = cache_class_name(cache)
         del cache
     return {
-        "cpu_model": model,
-        "cores": os.cpu_count(),
+        **describe("numpy"),
         "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
         "platform": platform.platform(),
-        "sglang": md.version("sglang"),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
         "tree_cache": classes[DEFAULT_CACHE] if DEFAULT_CACHE in classes else None,
         "tree_caches": classes,
         "default_tree_cache": DEFAULT_CACHE,
@@ -662,7 +654,7 @@ def run(settings: Settings, json_path: Optional[str], log=None) -> dict:
     started = time.perf_counter()
     publish_context()
     machine = machine_info(settings)
-    log(f"machine: {machine['cpu_model']}, {machine['cores']} cores, load {machine['loadavg_at_start']}, "
+    log(f"machine: {machine['cpu']}, {machine['cores']} cores, load {machine['loadavg_at_start']}, "
         f"sglang {machine['sglang']}, tree caches {machine['tree_caches']}")
     chunk = FeatherConfig().chunk_size
     budget = settings.max_rss_gb * 2**30

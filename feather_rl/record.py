@@ -15,11 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from feather_bench.paths import model_dir
 from feather_rl import provenance
 from feather_rl.executors.real import RealExecutor
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = REPO / "models" / "tiny-llama"
+DEFAULT_MODEL = model_dir("tiny-llama")
 # Prompt shapes (shared prefix, distinct suffix) spanning the built-in workloads: multilevel's
 # short questions, gsp / feather-8x50 (400-512 + 24-32), batchllm's halved shape (1000 + 100).
 DEFAULT_SHAPES = ((200, 24), (448, 32), (1000, 100))
@@ -53,7 +53,7 @@ def make_batch(text, n: int, groups: int, prefix: int, suffix: int) -> list[tupl
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="feather-record", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(DEFAULT_MODEL), help="model directory (default: models/tiny-llama)")
+    ap.add_argument("--model", default=str(DEFAULT_MODEL), help="model directory (default: tiny-llama under $FEATHER_MODELS_DIR, else models/)")
     ap.add_argument("--backend", action="append", choices=["feather", "torch_native"],
                     help="attention backend(s) to record (repeatable; default: feather)")
     ap.add_argument("--out", default="results/replay/recording.json",

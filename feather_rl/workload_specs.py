@@ -15,10 +15,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from feather_sglang.chunk_hash import chunk_hashes
+from feather_bench.paths import model_dir
 from feather_bench.workloads import SPECS, Workload, WorkloadError, build_workload, load_tokenizer, load_workload_file, parse_spec
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_TOKENIZER = REPO / "models" / "tiny-llama"  # SmolLM2's tokenizer
+DEFAULT_TOKENIZER = model_dir("tiny-llama")  # SmolLM2's tokenizer
 # feather-8x100 with 400-token prompts: within the replay recording's prompt lengths (the A/B
 # tool's feather-8x100 has 2,000-token prompts, outside them).
 FEATHER_8X8_P400 = SPECS["feather-8x100-p400"]

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-MODELS = REPO / "models"
+MODELS = Path(os.environ.get("FEATHER_MODELS_DIR") or REPO / "models")
 TINY_MODEL = MODELS / "tiny-llama"
 SMOLLM2_MODEL = MODELS / "SmolLM2-135M-Instruct"
 

@@ -26,10 +26,11 @@ from feather_bench.ab import report
 from feather_bench.ab.metrics import compute, median_of
 from feather_bench.ab.runner import ABConfig, Common, run_offline, run_online, scratch_dir
 from feather_sglang.config import FeatherConfig
+from feather_bench.paths import model_dir
 from feather_bench.tools.machine import describe as describe_machine
 from feather_bench.workloads import SPECS, WORKLOADS, WorkloadError, build_workload, load_tokenizer, load_workload_file, parse_spec
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct"
+DEFAULT_MODEL = model_dir()
 BASELINE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 
 
