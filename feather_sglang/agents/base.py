@@ -96,6 +96,14 @@ class StopAddAgent(ABC):
     name: ClassVar[str]
     # True: the planner fills AgentState's token costs (three more O(path) walks per pick).
     wants_costs: ClassVar[bool] = False
+    # The agent's own settings: field name -> (type, feather_sglang.options.opt(...)). They
+    # become FeatherConfig fields (``--feather-<name>`` flags), whichever agent is chosen.
+    options: ClassVar[dict[str, tuple[type, object]]] = {}
+
+    @staticmethod
+    def check_options(config: "FeatherConfig") -> None:
+        """Checks across this agent's settings (each field's own check has run); raises
+        FeatherConfigError."""
 
     def __init__(self, config: "FeatherConfig") -> None:
         self.config = config

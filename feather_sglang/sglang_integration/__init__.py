@@ -14,7 +14,13 @@ import logging
 import os
 import sys
 
-SGLANG_VERSION = "0.5.23"
+from feather_sglang.sglang_integration.names import (
+    ATTENTION_BACKEND_NAME,
+    SGLANG_VERSION,
+    built_in_version,
+)
+
+__all__ = ["ATTENTION_BACKEND_NAME", "SGLANG_VERSION", "after_import", "built_in_version", "install_hooks"]
 logger = logging.getLogger(__name__)
 
 _SCHED = "sglang.srt.managers.scheduler"
@@ -55,9 +61,6 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
         spec.loader = _Loader()
         return spec
-
-
-ATTENTION_BACKEND_NAME = "feather"
 
 
 def _register_attention_backend(registry_module) -> None:
@@ -116,13 +119,6 @@ def install_hooks() -> None:
     reg(f"{_SCHED}.Scheduler.on_idle", policy.on_idle_after, HookType.AFTER)
     reg(f"{_SCHED}.Scheduler._release_aborted_request", policy.release_aborted_request_after, HookType.AFTER)
     _install_trace_hooks(reg, HookType)
-
-
-def built_in_version():
-    """The sglang version ``patches/`` was written for, if this sglang was patched; else None."""
-    from sglang.srt import plugins
-
-    return getattr(plugins, "FEATHER_BUILT_IN", None)
 
 
 def _install_trace_hooks(reg, HookType) -> None:
