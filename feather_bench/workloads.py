@@ -9,35 +9,39 @@ to exact token lengths, so every configuration sees the same token ids.
 Built-ins (``WORKLOADS``), scaled from the papers' setups to a 2-core CPU serving
 SmolLM2-135M, where one configuration must finish in a few minutes:
 
-=============== ============================================ ================================
-name            here                                         scaled from
-=============== ============================================ ================================
+Each shaped workload is named by its shape, ``gGROUPSxREQUESTS-pPREFIX-qQUESTION`` (output 16
+tokens); the names it had before are still accepted (``ALIASES``: ``feather-8x100``,
+``feather-8x50``, ``batchllm``, ``feather-8x100-p400``, ``batchllm-half``).
+
+================ ============================================ ================================
+name             here                                         scaled from
+================ ============================================ ================================
 gsp             4 groups x 8 prompts, prefix 512, question   sglang bench_serving
                 32, output 16, shuffled (all ``--gsp-*``     generated-shared-prefix (64 x 16,
                 settable)                                    2048 / 128 / 256)
-feather-8x100   8 groups x 8 requests, prefix 2000,          Feather: 800 requests in 8 prefix
-                question 24, output 16, shuffled             groups (8 x 100) of long-context
+g8x8-p2000-q24  8 groups x 8 requests, prefix 2000,          Feather: 800 requests in 8 prefix
+(feather-8x100) question 24, output 16, shuffled             groups (8 x 100) of long-context
                                                              prompts (2.7K-210K tokens): 1/12.5
                                                              of the requests, prompts cut to
                                                              2,000 tokens
-feather-8x50    8 groups x 50 requests, prefix 400,          Feather's 8 x 100 at half the
-                question 24, output 16 (400 requests: more   requests: lpm's 128-request
+g8x50-p400-q24  8 groups x 50 requests, prefix 400,          Feather's 8 x 100 at half the
+(feather-8x50)  question 24, output 16 (400 requests: more   requests: lpm's 128-request
                 than lpm's 128 wait for 272 admissions)      cut-off and groups larger than
                                                              the batch, as in the paper;
                                                              prompts cut to 400 tokens
-batchllm        4 prefixes x share 16, prefix 2000,          BatchLLM: prefix 2000, share 16,
-                distinct 200, output 16, shuffled            distinct 200 (not scaled: one
+g4x16-p2000-    4 prefixes x share 16, prefix 2000,          BatchLLM: prefix 2000, share 16,
+q200 (batchllm) distinct 200, output 16, shuffled            distinct 200 (not scaled: one
                                                              configuration takes 1.5-4 min)
-multilevel      system 128 -> 2 few-shot blocks of 192 ->    (no paper figure) RAG / few-shot
+multilevel       system 128 -> 2 few-shot blocks of 192 ->    (no paper figure) RAG / few-shot
                 3 documents of 256 each -> 5 questions of    serving with a prefix tree four
-                24, output 16 (30 requests), shuffled        levels deep
-no-sharing      32 requests of 440 distinct tokens,          control: nothing shared
-                output 16
-=============== ============================================ ================================
+                 24, output 16 (30 requests), shuffled        levels deep
+no-sharing       32 requests of 440 distinct tokens,          control: nothing shared
+                 output 16
+================ ============================================ ================================
 
-``SPECS`` names two parameter sets of ``gsp``: ``feather-8x100-p400`` (feather-8x100 with
-400-token prompts) and ``batchllm-half`` (BatchLLM's sizes halved); :func:`parse_spec` reads
-them and the ``NAME:key=value,...`` form.
+``SPECS`` names two parameter sets of ``gsp``: ``g8x8-p400-q24`` (``feather-8x100-p400``:
+g8x8-p2000-q24 with 400-token prompts) and ``g4x8-p1000-q100`` (``batchllm-half``: BatchLLM's
+sizes halved); :func:`parse_spec` reads them and the ``NAME:key=value,...`` form.
 
 A workload file is JSON Lines, one request per line::
 
@@ -181,8 +185,8 @@ def _feather_groups(tokenizer, seed: int, per_group: int, prefix_len: int, name:
 def feather_8x100(tokenizer, seed: int = 0) -> Workload:
     """Feather's 8 groups at 1/12.5 of the requests (8 x 8), prompts cut to 2,000 tokens: about
     the longest that keeps one configuration within a few minutes here (the paper's are 2.7K
-    tokens and up). The same with 400-token prompts is ``SPECS["feather-8x100-p400"]``."""
-    return _feather_groups(tokenizer, seed, 8, 2000, "feather-8x100",
+    tokens and up). The same with 400-token prompts is ``SPECS["g8x8-p400-q24"]``."""
+    return _feather_groups(tokenizer, seed, 8, 2000, "g8x8-p2000-q24",
                            "Feather's 8 prefix groups, scaled from 8 x 100 to 8 x 8 requests, prefix 2000")
 
 
@@ -191,15 +195,15 @@ def feather_8x50(tokenizer, seed: int = 0) -> Workload:
     tokens (400 requests at 2,000 would take an hour per configuration here): the queue stays
     above lpm's 128-request cut-off (where SGLang's lpm turns into FCFS) for the first 272
     admissions, and every group outnumbers the batch limit, as in the paper."""
-    return _feather_groups(tokenizer, seed, 50, 400, "feather-8x50",
+    return _feather_groups(tokenizer, seed, 50, 400, "g8x50-p400-q24",
                            "Feather's 8 prefix groups at half the paper's count: 8 x 50 requests")
 
 
 def batchllm(tokenizer, seed: int = 0) -> Workload:
     """BatchLLM's shape at its own sizes: 4 prefixes of 2000 tokens, each shared by 16 requests
-    with 200 distinct tokens. Every size halved is ``SPECS["batchllm-half"]``."""
+    with 200 distinct tokens. Every size halved is ``SPECS["g4x8-p1000-q100"]``."""
     w = gsp(tokenizer, seed, groups=4, prompts_per_group=16, prefix_len=2000, question_len=200, output_len=16)
-    return replace(w, name="batchllm",
+    return replace(w, name="g4x16-p2000-q200",
                    description="BatchLLM's prefix 2000 / share 16 / distinct 200, 4 prefixes")
 
 
@@ -231,31 +235,47 @@ def no_sharing(tokenizer, seed: int = 0, *, requests: int = 32, prompt_len: int 
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "gsp": gsp,
-    "feather-8x100": feather_8x100,
-    "feather-8x50": feather_8x50,
-    "batchllm": batchllm,
+    "g8x8-p2000-q24": feather_8x100,
+    "g8x50-p400-q24": feather_8x50,
+    "g4x16-p2000-q200": batchllm,
     "multilevel": multilevel,
     "no-sharing": no_sharing,
 }
 
 
-# Named parameter sets of the built-ins ("NAME:key=value,..."): feather-8x100 with 400-token
-# prompts and batchllm at half its sizes, the shapes the replay recording covers. The one place
-# they are written (Makefile, RL, tests).
+# Named parameter sets of the built-ins ("NAME:key=value,..."): g8x8-p2000-q24 with 400-token
+# prompts and g4x16-p2000-q200 at half its sizes, the shapes the replay recording covers. The
+# one place they are written (Makefile, RL, tests).
 SPECS: dict[str, str] = {
-    "feather-8x100-p400": "gsp:groups=8,prompts_per_group=8,prefix_len=400,question_len=24,output_len=16",
-    "batchllm-half": "gsp:groups=4,prompts_per_group=8,prefix_len=1000,question_len=100,output_len=16",
+    "g8x8-p400-q24": "gsp:groups=8,prompts_per_group=8,prefix_len=400,question_len=24,output_len=16",
+    "g4x8-p1000-q100": "gsp:groups=4,prompts_per_group=8,prefix_len=1000,question_len=100,output_len=16",
 }
+
+# The names the shaped workloads had before they were named by their shape; still accepted.
+ALIASES: dict[str, str] = {
+    "feather-8x100": "g8x8-p2000-q24",
+    "feather-8x50": "g8x50-p400-q24",
+    "batchllm": "g4x16-p2000-q200",
+    "feather-8x100-p400": "g8x8-p400-q24",
+    "batchllm-half": "g4x8-p1000-q100",
+}
+
+
+def is_workload_name(name: str) -> bool:
+    """A built-in, a named shape or an alias of either."""
+    return name in WORKLOADS or name in SPECS or name in ALIASES
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
     """A workload spec as ``(name, params)``: ``NAME`` (a built-in), a name in :data:`SPECS`,
     ``NAME:key=value,key=value`` (generator parameters, e.g. ``gsp:groups=8,prefix_len=400``)
     or ``file:PATH`` (``("file", {"path": PATH})``). :class:`WorkloadError` names what is wrong."""
+    spec = ALIASES.get(spec, spec)
     spec = SPECS.get(spec, spec)
     if spec.startswith("file:"):
         return "file", {"path": spec[len("file:"):]}
     name, _, rest = spec.partition(":")
+    name = ALIASES.get(name, name)
     if name not in WORKLOADS:
         raise WorkloadError(f"unknown workload {name!r}; built-in workloads: {', '.join(WORKLOADS)}; "
                             f"named shapes: {', '.join(SPECS)}; or NAME:key=value,... or file:PATH")
@@ -271,6 +291,7 @@ def parse_spec(spec: str) -> tuple[str, dict]:
 def build_workload(name: str, tokenizer, seed: int = 0, **params) -> Workload:
     """A built-in workload by name; ``params`` are passed to its generator (``gsp`` takes
     groups, prompts_per_group, prefix_len, question_len, output_len, shuffle)."""
+    name = ALIASES.get(name, name)
     if name not in WORKLOADS:
         raise WorkloadError(f"unknown workload {name!r}; built-in workloads: {', '.join(WORKLOADS)}")
     try:

@@ -369,14 +369,14 @@ def split_workloads(text: str) -> list[str]:
     """Workload specs from one command-line value: separated by ',' or ';'; a part that does not
     start with a workload name (or ``file:``) continues the previous spec's parameters, so
     ``gsp:groups=2,prompts_per_group=16,batchllm`` is two specs."""
-    from feather_bench.workloads import WORKLOADS
+    from feather_bench.workloads import is_workload_name
 
     specs: list[str] = []
     for part in text.replace(";", ",").split(","):
         part = part.strip()
         if not part:
             continue
-        if part.split(":", 1)[0] in (*WORKLOADS, "file") or not specs:
+        if is_workload_name(part.split(":", 1)[0]) or part.startswith("file:") or not specs:
             specs.append(part)
         else:
             specs[-1] += "," + part

@@ -1,7 +1,8 @@
 """Workloads for the environment: built-in names (with optional parameters) and JSONL files.
 
-A spec is ``NAME`` (``gsp``, ``feather-8x100``, ``feather-8x50``, ``batchllm``, ``multilevel``,
-``no-sharing``), a named shape (``feather-8x100-p400``, ``batchllm-half``: ``SPECS`` in
+A spec is ``NAME`` (``gsp``, ``g8x8-p2000-q24``, ``g8x50-p400-q24``, ``g4x16-p2000-q200``,
+``multilevel``, ``no-sharing``, or an alias from ``ALIASES``), a named shape (``g8x8-p400-q24``,
+``g4x8-p1000-q100``: ``SPECS`` in
 ``feather_bench/workloads.py``, which parses specs), ``NAME:key=value,key=value`` (generator
 parameters, e.g.
 ``gsp:groups=8,prompts_per_group=4``), or ``file:PATH`` (a workload file in the A/B tool's JSON
@@ -21,7 +22,7 @@ from feather_bench.workloads import SPECS, Workload, WorkloadError, build_worklo
 DEFAULT_TOKENIZER = model_dir("tiny-llama")  # SmolLM2's tokenizer
 # feather-8x100 with 400-token prompts: within the replay recording's prompt lengths (the A/B
 # tool's feather-8x100 has 2,000-token prompts, outside them).
-FEATHER_8X8_P400 = SPECS["feather-8x100-p400"]
+FEATHER_8X8_P400 = SPECS["g8x8-p400-q24"]
 # Training mixes the three A/B shapes and a few gsp variants; batchllm's shape, multilevel (and
 # any workload file) are held out for evaluation.
 TRAIN_WORKLOADS = (
@@ -32,7 +33,7 @@ TRAIN_WORKLOADS = (
 )
 # The held-out batchllm shape is the one the shipped agents were evaluated on: BatchLLM's sizes
 # halved (the A/B tool's ``batchllm`` is now the unhalved one, 4x the prefill work per episode).
-BATCHLLM_HALF = SPECS["batchllm-half"]
+BATCHLLM_HALF = SPECS["g4x8-p1000-q100"]
 HELDOUT_WORKLOADS = (BATCHLLM_HALF, "multilevel")
 
 

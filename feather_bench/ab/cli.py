@@ -1,10 +1,10 @@
 """``feather-ab``: one workload through SGLang once per configuration, in one invocation, and
 what each configuration gave.
 
-    feather-ab --workload feather-8x100 --json results/ab/feather-8x100.json
+    feather-ab --workload g8x8-p2000-q24 --json results/ab/feather-8x100.json
     feather-ab --workload-file my.jsonl --mode online --request-rate 2
     feather-ab --workload gsp --gsp-groups 8 --policies fcfs,feather --backends feather
-    feather-ab --workload feather-8x100-p400            # a named shape (SPECS in workloads.py)
+    feather-ab --workload g8x8-p400-q24                 # a named shape (SPECS in workloads.py)
     feather-ab --workload gsp:groups=8,prefix_len=400   # a built-in with other parameters
 
 Every configuration (schedule policy x attention backend, and feather's agents) gets a fresh
@@ -28,7 +28,7 @@ from feather_bench.ab.runner import ABConfig, Common, run_offline, run_online, s
 from feather_sglang.config import FeatherConfig
 from feather_bench.paths import model_dir
 from feather_bench.tools.machine import describe as describe_machine
-from feather_bench.workloads import SPECS, WORKLOADS, WorkloadError, build_workload, load_tokenizer, load_workload_file, parse_spec
+from feather_bench.workloads import ALIASES, SPECS, WORKLOADS, WorkloadError, build_workload, load_tokenizer, load_workload_file, parse_spec
 
 DEFAULT_MODEL = model_dir()
 BASELINE_POLICIES = ("fcfs", "lpm", "dfs-weight")
@@ -140,8 +140,9 @@ def load(args):
     else:
         name, params = parse_spec(args.workload)  # checked in validate()
         workload = build_workload(name, tokenizer, args.seed, **params)
-        if args.workload in SPECS:  # reported (and its JSON named) by the shape's name
-            workload = replace(workload, name=args.workload)
+        shape = ALIASES.get(args.workload, args.workload)
+        if shape in SPECS:  # reported (and its JSON named) by the shape's name
+            workload = replace(workload, name=shape)
     if args.max_new_tokens:
         workload = workload.with_max_new_tokens(args.max_new_tokens)
     if args.request_rate is not None:

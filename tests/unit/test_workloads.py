@@ -89,16 +89,16 @@ def test_no_sharing_shares_nothing_worth_caching(tok):
 
 
 def test_unknown_workload_and_bad_parameters_say_what_is_allowed(tok):
-    with pytest.raises(WorkloadError, match="unknown workload 'nope'; built-in workloads: gsp, feather-8x100"):
+    with pytest.raises(WorkloadError, match="unknown workload 'nope'; built-in workloads: gsp, g8x8-p2000-q24"):
         build_workload("nope", tok)
     with pytest.raises(WorkloadError, match="prefix_len must be a positive integer, got 0"):
         build_workload("gsp", tok, prefix_len=0)
-    with pytest.raises(WorkloadError, match="workload 'batchllm'"):
+    with pytest.raises(WorkloadError, match="workload 'g4x16-p2000-q200'"):
         build_workload("batchllm", tok, groups=2)
 
 
 def test_specs_name_parameter_sets_and_parse_with_clear_errors(tok):
-    assert parse_spec("batchllm") == ("batchllm", {})
+    assert parse_spec("batchllm") == ("g4x16-p2000-q200", {})
     assert parse_spec("gsp:groups=8,prefix_len=400") == ("gsp", {"groups": 8, "prefix_len": 400})
     assert parse_spec("file:a/b.jsonl") == ("file", {"path": "a/b.jsonl"})
     name, params = parse_spec("feather-8x100-p400")
@@ -109,8 +109,8 @@ def test_specs_name_parameter_sets_and_parse_with_clear_errors(tok):
     assert all(len(r.input_ids) == 424 for r in w.requests)
     half = build_workload(*parse_spec("batchllm-half")[:1], tok, 0, **parse_spec("batchllm-half")[1])
     assert len(half.requests) == 32 and all(len(r.input_ids) == 1100 for r in half.requests)
-    assert set(SPECS) == {"feather-8x100-p400", "batchllm-half"}
-    with pytest.raises(WorkloadError, match="unknown workload 'nope'; .*named shapes: feather-8x100-p400"):
+    assert set(SPECS) == {"g8x8-p400-q24", "g4x8-p1000-q100"}
+    with pytest.raises(WorkloadError, match="unknown workload 'nope'; .*named shapes: g8x8-p400-q24"):
         parse_spec("nope:groups=2")
     with pytest.raises(WorkloadError, match="parameter 'groups' is not key=value"):
         parse_spec("gsp:groups")
@@ -178,3 +178,17 @@ def test_workload_file_other_errors(tok, tmp_path):
                      + json.dumps({"id": "b", "prompt": "y", "max_new_tokens": 1}) + os.linesep)
     with pytest.raises(WorkloadError, match="either every line has arrival_s or none does"):
         load_workload_file(mixed, tok)
+
+
+def test_shaped_workloads_are_named_by_their_shape_and_old_names_still_work(tok):
+    import re
+
+    from feather_bench.workloads import ALIASES
+
+    for old, shape in ALIASES.items():
+        assert parse_spec(old) == parse_spec(shape)
+        groups, per_group, prefix, question = map(int, re.fullmatch(r"g(\d+)x(\d+)-p(\d+)-q(\d+)", shape).groups())
+        w = build_workload(*parse_spec(shape)[:1], tok, 0, **parse_spec(shape)[1])
+        assert len({r.group for r in w.requests}) == groups and len(w.requests) == groups * per_group
+        assert all(len(r.input_ids) == prefix + question for r in w.requests), shape
+    assert build_workload("feather-8x100", tok).name == "g8x8-p2000-q24"
