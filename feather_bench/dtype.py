@@ -17,7 +17,9 @@ from feather_bench.paths import RESULTS_DIR
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_workload_args(parser)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dtypes", default="bfloat16,float32,float16")
@@ -29,20 +31,30 @@ def main() -> None:
     for r in range(args.rounds):
         for dtype in dtypes:
             print(f"round {r + 1}/{args.rounds}: --dtype {dtype}", flush=True)
-            fig = run_workload(args, "feather", ["--dtype", dtype], RESULTS_DIR / f"bench_dtype-{dtype}.log")
+            fig = run_workload(
+                args, "feather", ["--dtype", dtype], RESULTS_DIR / f"bench_dtype-{dtype}.log"
+            )
             runs[dtype].append(fig["output_tok_per_s"])
             print(f"  {fig['output_tok_per_s']:.1f} output tok/s", flush=True)
     best = max(dtypes, key=lambda d: statistics.median(runs[d]))
     rows = [
-        {"dtype": d, "output_tok_per_s": runs[d], "median": statistics.median(runs[d]),
-         "ratio_to_best": round(statistics.median(runs[d]) / statistics.median(runs[best]), 3)}
+        {
+            "dtype": d,
+            "output_tok_per_s": runs[d],
+            "median": statistics.median(runs[d]),
+            "ratio_to_best": round(statistics.median(runs[d]) / statistics.median(runs[best]), 3),
+        }
         for d in dtypes
     ]
     print(f"\n{'dtype':10} {'median out tok/s':>17} {'vs best':>8}   runs")
     for row in rows:
-        print(f"{row['dtype']:10} {row['median']:17.1f} {row['ratio_to_best']:8.2f}   {row['output_tok_per_s']}")
+        print(
+            f"{row['dtype']:10} {row['median']:17.1f} {row['ratio_to_best']:8.2f}   {row['output_tok_per_s']}"
+        )
     print(f"fastest: {best}")
-    Path(args.json).write_text(json.dumps({"machine": machine(), "rows": rows, "fastest": best}, indent=2))
+    Path(args.json).write_text(
+        json.dumps({"machine": machine(), "rows": rows, "fastest": best}, indent=2)
+    )
     print(f"wrote {args.json}")
 
 

@@ -1,7 +1,7 @@
 """The Python steps of ``scripts/gpu_check.sh`` (``make gpu-check``), run from the repository's root.
 
-    python -m feather_bench.gpu_check versions          # what is installed, one line each
-    python -m feather_bench.gpu_check server MODEL LOG  # a feather server on the GPU, one request
+python -m feather_bench.gpu_check versions          # what is installed, one line each
+python -m feather_bench.gpu_check server MODEL LOG  # a feather server on the GPU, one request
 """
 
 from __future__ import annotations

@@ -42,7 +42,11 @@ def patched_files(patch: Path = PATCH) -> list[str]:
 def sglang_version(target: Path) -> str:
     """The version recorded in TARGET's sglang (``_version.py``), or 'unknown' (a checkout)."""
     path = target / "sglang" / "_version.py"
-    found = re.search(r"__version__\s*=\s*version\s*=\s*'([^']+)'", path.read_text()) if path.exists() else None
+    found = (
+        re.search(r"__version__\s*=\s*version\s*=\s*'([^']+)'", path.read_text())
+        if path.exists()
+        else None
+    )
     return found.group(1) if found else "unknown"
 
 
@@ -51,9 +55,21 @@ def _patch(target: Path, patch: Path, *flags: str) -> subprocess.CompletedProces
     if binary is None:
         raise PatchError("GNU patch is not installed (apt-get install patch)")
     return subprocess.run(
-        [binary, "-p1", "-d", str(target), "--batch", "--fuzz=0", "--no-backup-if-mismatch",
-         "--reject-file=-", "-i", str(patch), *flags],
-        capture_output=True, text=True,
+        [
+            binary,
+            "-p1",
+            "-d",
+            str(target),
+            "--batch",
+            "--fuzz=0",
+            "--no-backup-if-mismatch",
+            "--reject-file=-",
+            "-i",
+            str(patch),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
     )
 
 
@@ -85,9 +101,13 @@ def state(target: Path, patch: Path = PATCH) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("target", type=Path, help="directory holding the sglang package")
-    parser.add_argument("--patch", type=Path, default=PATCH, help=f"the patch file (default: {PATCH})")
+    parser.add_argument(
+        "--patch", type=Path, default=PATCH, help=f"the patch file (default: {PATCH})"
+    )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="only say whether it applies; change nothing")
+    mode.add_argument(
+        "--check", action="store_true", help="only say whether it applies; change nothing"
+    )
     mode.add_argument("--revert", action="store_true", help="take an applied patch out again")
     args = parser.parse_args(argv)
     target = args.target.expanduser().resolve()
@@ -95,18 +115,24 @@ def main(argv: list[str] | None = None) -> int:
         now = state(target, args.patch)
         files = ", ".join(patched_files(args.patch))
         if args.check:
-            print(f"{args.patch.name}: {'already applied' if now == 'applied' else 'applies cleanly'} "
-                  f"to {target / 'sglang'} ({files})")
+            print(
+                f"{args.patch.name}: {'already applied' if now == 'applied' else 'applies cleanly'} "
+                f"to {target / 'sglang'} ({files})"
+            )
             return 0
         want = "unapplied" if args.revert else "applied"
         if now == want:
-            print(f"{args.patch.name}: already {'reverted' if args.revert else 'applied'} in {target / 'sglang'}; "
-                  "nothing to do")
+            print(
+                f"{args.patch.name}: already {'reverted' if args.revert else 'applied'} in {target / 'sglang'}; "
+                "nothing to do"
+            )
             return 0
         done = _patch(target, args.patch, "--reverse" if args.revert else "--forward")
         if done.returncode != 0:  # the dry run passed, so this is unexpected: say everything
             raise PatchError(f"patch failed after a clean dry run:\n{done.stdout}{done.stderr}")
-        print(f"{args.patch.name}: {'reverted' if args.revert else 'applied'} in {target / 'sglang'} ({files})")
+        print(
+            f"{args.patch.name}: {'reverted' if args.revert else 'applied'} in {target / 'sglang'} ({files})"
+        )
         return 0
     except PatchError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -39,14 +39,23 @@ ABORTS = 50
 
 def _quantiles(samples: list[float]) -> dict:
     q = statistics.quantiles(samples, n=100)
-    return {"p50_us": round(statistics.median(samples), 1), "p99_us": round(q[98], 1), "passes": len(samples)}
+    return {
+        "p50_us": round(statistics.median(samples), 1),
+        "p99_us": round(q[98], 1),
+        "passes": len(samples),
+    }
 
 
 def _requests(make_req, w: int, shared: bool) -> list:
-    prefixes = [array("q", range(10_000_000 * (g + 1), 10_000_000 * (g + 1) + PREFIX_TOKENS)) for g in range(64)]
+    prefixes = [
+        array("q", range(10_000_000 * (g + 1), 10_000_000 * (g + 1) + PREFIX_TOKENS))
+        for g in range(64)
+    ]
     reqs = []
     for i in range(w):
-        own = array("q", range(1_000_000_000 + i * PROMPT_TOKENS, 1_000_000_000 + (i + 1) * PROMPT_TOKENS))
+        own = array(
+            "q", range(1_000_000_000 + i * PROMPT_TOKENS, 1_000_000_000 + (i + 1) * PROMPT_TOKENS)
+        )
         tokens = prefixes[i % 64] + own[: PROMPT_TOKENS - PREFIX_TOKENS] if shared else own
         reqs.append(make_req(f"w{i}", tokens))
     random.Random(w).shuffle(reqs)
@@ -95,15 +104,29 @@ def scenario(w: int, kind: str) -> dict:
         state.on_pass_end(None)  # nothing admitted: the plan rolls back
     gc.unfreeze()
     assert state.faults.total == 0, dict(state.faults.counts)
-    return {"waiting": w, "scenario": kind, **_quantiles(samples), "resyncs": state.resyncs,
-            "cht_bytes_per_prompt_token": round(cht_bytes / (w * PROMPT_TOKENS), 3)}
+    return {
+        "waiting": w,
+        "scenario": kind,
+        **_quantiles(samples),
+        "resyncs": state.resyncs,
+        "cht_bytes_per_prompt_token": round(cht_bytes / (w * PROMPT_TOKENS), 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="feather-bench-scale", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--waiting", default="10000,50000", help="queue sizes, comma-separated (default: %(default)s)")
-    ap.add_argument("--json", default="results/scale/scale.json", help="output JSON (default: %(default)s)")
+    ap = argparse.ArgumentParser(
+        prog="feather-bench-scale",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--waiting",
+        default="10000,50000",
+        help="queue sizes, comma-separated (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--json", default="results/scale/scale.json", help="output JSON (default: %(default)s)"
+    )
     args = ap.parse_args(argv)
     try:
         sizes = [int(x) for x in args.waiting.split(",")]
@@ -114,14 +137,31 @@ def main(argv: list[str] | None = None) -> int:
     from feather_rl.provenance import record, write_json
 
     kinds = ("fresh", "starved no-sharing", "after an abort")
-    rows = [scenario(w, kind) for w, kind in tqdm([(w, k) for w in sizes for k in kinds], desc="feather-bench-scale",
-                                                  file=sys.stderr)]
-    print(f"{'waiting':>8} {'scenario':<20} {'p50 us/pass':>12} {'p99 us/pass':>12} {'resyncs':>8} {'CHT B/token':>12}")
+    rows = [
+        scenario(w, kind)
+        for w, kind in tqdm(
+            [(w, k) for w in sizes for k in kinds], desc="feather-bench-scale", file=sys.stderr
+        )
+    ]
+    print(
+        f"{'waiting':>8} {'scenario':<20} {'p50 us/pass':>12} {'p99 us/pass':>12} {'resyncs':>8} {'CHT B/token':>12}"
+    )
     for r in rows:
-        print(f"{r['waiting']:>8} {r['scenario']:<20} {r['p50_us']:>12,.1f} {r['p99_us']:>12,.1f} {r['resyncs']:>8} "
-              f"{r['cht_bytes_per_prompt_token']:>12.3f}")
-    out = {"rows": rows, "settings": {"prompt_tokens": PROMPT_TOKENS, "prefix_tokens": PREFIX_TOKENS, "batch": BATCH,
-                                      "passes": PASSES, "aborts": ABORTS}, "provenance": record()}
+        print(
+            f"{r['waiting']:>8} {r['scenario']:<20} {r['p50_us']:>12,.1f} {r['p99_us']:>12,.1f} {r['resyncs']:>8} "
+            f"{r['cht_bytes_per_prompt_token']:>12.3f}"
+        )
+    out = {
+        "rows": rows,
+        "settings": {
+            "prompt_tokens": PROMPT_TOKENS,
+            "prefix_tokens": PREFIX_TOKENS,
+            "batch": BATCH,
+            "passes": PASSES,
+            "aborts": ABORTS,
+        },
+        "provenance": record(),
+    }
     write_json(args.json, out)
     print(f"feather-bench-scale: -> {args.json}")
     return 0

@@ -38,7 +38,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from feather_sglang.chunk_hash import CHUNK_HASH_ROOT_SEED, hash_chunk, hash_chunks_from, token_bytes
+from feather_sglang.chunk_hash import (
+    CHUNK_HASH_ROOT_SEED,
+    hash_chunk,
+    hash_chunks_from,
+    token_bytes,
+)
 
 
 # NOTE: stale heap entries (pushed before a deficit changed, or left behind by requests that
@@ -236,7 +241,9 @@ class ChunkedHashTree:
         chunks_after = node.end
         # Holders of the key at level chunks_after - 1 are the node's waiting set.
         waiting = len(node.waiting) - 1 if chunks_after else 0  # minus the candidate
-        return CandidateView(chunks_before, chunks_after, waiting, request.deficit, len(self._running))
+        return CandidateView(
+            chunks_before, chunks_after, waiting, request.deficit, len(self._running)
+        )
 
     def waiting_shared_depth(self, rid: Hashable) -> int:
         """Leading chunks of waiting ``rid`` that at least one OTHER waiting request holds.
@@ -331,8 +338,12 @@ class ChunkedHashTree:
         keys = self._keys_reusing_nodes(buffer, tokens)
         # What a new node keeps: the caller's array('q') itself (a view would pin its buffer),
         # else the int64 tokens (a view of immutable bytes or of the caller's numpy array).
-        in_place = (isinstance(token_ids, array.array) and token_ids.typecode in "ql"
-                    and token_ids.itemsize == 8 and sys.byteorder == "little")
+        in_place = (
+            isinstance(token_ids, array.array)
+            and token_ids.typecode in "ql"
+            and token_ids.itemsize == 8
+            and sys.byteorder == "little"
+        )
         keep = token_ids if in_place else tokens
         self._add(rid, keys, keep, len(tokens))
 
@@ -421,7 +432,9 @@ class ChunkedHashTree:
             if stop > total_tokens or (stop != total_tokens and stop != child.end * chunk):
                 break
             source = child.source
-            theirs = source if isinstance(source, np.ndarray) else np.frombuffer(source, dtype="<i8")
+            theirs = (
+                source if isinstance(source, np.ndarray) else np.frombuffer(source, dtype="<i8")
+            )
             if not np.array_equal(tokens[level * chunk : stop], theirs[level * chunk : stop]):
                 break
             keys.extend(child.keys[1:])
@@ -459,9 +472,17 @@ class ChunkedHashTree:
         """Cut ``node`` before ``level``; return the new upper part (``node`` keeps the lower
         part, so leaves stay valid). Copies the waiting set: O(waiting through it)."""
         cut = level - node.start
-        upper = _Node(node.start, level, node.keys[:cut], node.parent, node.source,
-                      level * self.chunk_size, {node.keys[cut]: node}, node.running,
-                      set(node.waiting))
+        upper = _Node(
+            node.start,
+            level,
+            node.keys[:cut],
+            node.parent,
+            node.source,
+            level * self.chunk_size,
+            {node.keys[cut]: node},
+            node.running,
+            set(node.waiting),
+        )
         node.parent.children[node.keys[0]] = upper
         node.start, node.keys, node.parent = level, node.keys[cut:], upper
         return upper
@@ -576,7 +597,9 @@ class ChunkedHashTree:
             self._heap = live_entries
 
 
-def with_costs(state, cht: ChunkedHashTree, rid: Hashable, deficit: int, free_slots: int, kv_free: int):
+def with_costs(
+    state, cht: ChunkedHashTree, rid: Hashable, deficit: int, free_slots: int, kv_free: int
+):
     """``state`` (an ``AgentState`` for waiting ``rid``) with what the candidate and the running
     batch cost in tokens, as the CHT sees them (chunks x chunk size; see ``AgentState``)."""
     chunk, chunks = cht.chunk_size, cht.num_chunks(rid)

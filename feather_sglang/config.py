@@ -41,12 +41,14 @@ MIN_CHUNK_SIZE = 8
 # NOTE: the CHT keeps one key per chunk per distinct path, so its memory per prompt token
 # grows as chunks shrink; the floor bounds that, whatever the waiting queue holds.
 _CHUNK_SIZE = opt(
-    50, int_at_least(MIN_CHUNK_SIZE),
+    50,
+    int_at_least(MIN_CHUNK_SIZE),
     f"Tokens per chunk of the chunked hash tree (>= {MIN_CHUNK_SIZE}). Prefix sharing is seen at this "
     "granularity.",
 )
 _AGENT = opt(
-    "admit", _agent_name,
+    "admit",
+    _agent_name,
     "Stop/add agent deciding when to stop admitting into the running batch, in the CHT's order: "
     "admit (every candidate; SGLang's admission stops where memory does: measured best), throughput (admits while the "
     "batch's predicted decode throughput, from a step-time model of this server's backend refined by "
@@ -55,13 +57,15 @@ _AGENT = opt(
     "feather-train, e.g. feather_rl/agents/ppo_serving.zip).",
 )
 _MAX_WAIT_S = opt(
-    60.0, positive_seconds,
+    60.0,
+    positive_seconds,
     "Starvation bound: once the oldest request has waited longer than this many seconds, "
     "the requests of its prefix group that have are admitted first whatever the batch "
     "holds, one group at a time (> 0; 'inf' disables).",
 )
 _PREFIX_LEADER = opt(
-    True, boolean,
+    True,
+    boolean,
     "When a chosen request's shared prefix is not in the radix cache yet, admit it alone "
     "first so the rest of its group reuse its KV next pass (true/false).",
 )
@@ -94,7 +98,7 @@ class _FeatherConfig:
         for key, value in values.items():
             if not key.startswith("feather_"):
                 continue
-            name = key[len("feather_"):]
+            name = key[len("feather_") :]
             if name not in known:
                 raise FeatherConfigError(
                     f"unknown feather option {key!r}; allowed: "

@@ -13,7 +13,9 @@ SMOLLM2_MODEL = MODELS / "SmolLM2-135M-Instruct"
 
 def _require(path: Path) -> Path:
     if not (path / "config.json").exists():
-        pytest.fail(f"{path} is missing: run `make setup` (python -m feather_bench.setup_models) first")
+        pytest.fail(
+            f"{path} is missing: run `make setup` (python -m feather_bench.setup_models) first"
+        )
     return path
 
 

@@ -29,17 +29,27 @@ def main(spec_path: str) -> None:
     workload = load_workload_file(spec["workload"], load_tokenizer(kwargs["model_path"]))
     engine = sglang.Engine(**kwargs)
     try:
-        engine.generate(input_ids=warmup_ids(workload), sampling_params={"max_new_tokens": 4, "temperature": 0})
+        engine.generate(
+            input_ids=warmup_ids(workload), sampling_params={"max_new_tokens": 4, "temperature": 0}
+        )
         engine.flush_cache()
         start = time.monotonic()
         fd = os.environ.get("FEATHER_AB_PROGRESS_FD")
         progress = os.fdopen(int(fd), "w") if fd else None
         records, makespan = engine.loop.run_until_complete(
-            drive(workload, engine_stream_fn(engine), spec["desc"], progress))
+            drive(workload, engine_stream_fn(engine), spec["desc"], progress)
+        )
     finally:
         shutdown_engine(engine)
     with open(spec["out"], "w") as f:
-        json.dump({"records": [r.to_json() for r in records], "makespan_s": makespan, "start_monotonic": start}, f)
+        json.dump(
+            {
+                "records": [r.to_json() for r in records],
+                "makespan_s": makespan,
+                "start_monotonic": start,
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

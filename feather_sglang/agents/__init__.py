@@ -68,10 +68,34 @@ def make_agent(config: "FeatherConfig") -> StopAddAgent:
     return cls(config)
 
 
-for _cls in (AdmitAgent, ThroughputAgent, StaticRuleAgent, UCBAgent, QLearningAgent, PPOAgent, DQNAgent):
+for _cls in (
+    AdmitAgent,
+    ThroughputAgent,
+    StaticRuleAgent,
+    UCBAgent,
+    QLearningAgent,
+    PPOAgent,
+    DQNAgent,
+):
     register_agent(_cls)
 
 __all__ = [
-    "Action", "AdmitAgent", "AgentState", "ServerShape", "StopAddAgent", "ThroughputAgent", "StaticRuleAgent", "UCBAgent", "QLearningAgent", "PPOAgent",
-    "DQNAgent", "PolicyFileError", "agent_choices", "agent_classes", "agent_names", "make_agent", "register_agent", "validate_agent",
+    "Action",
+    "AdmitAgent",
+    "AgentState",
+    "ServerShape",
+    "StopAddAgent",
+    "ThroughputAgent",
+    "StaticRuleAgent",
+    "UCBAgent",
+    "QLearningAgent",
+    "PPOAgent",
+    "DQNAgent",
+    "PolicyFileError",
+    "agent_choices",
+    "agent_classes",
+    "agent_names",
+    "make_agent",
+    "register_agent",
+    "validate_agent",
 ]

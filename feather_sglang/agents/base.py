@@ -120,7 +120,9 @@ class StopAddAgent(ABC):
     def on_step(self, batch_size: int, step_time_s: float) -> None:
         """One forward step of ``batch_size`` requests took ``step_time_s`` seconds."""
 
-    def on_decode_step(self, batch_size: int, unique_tokens: int, tokens: int, step_time_s: float) -> None:
+    def on_decode_step(
+        self, batch_size: int, unique_tokens: int, tokens: int, step_time_s: float
+    ) -> None:
         """One decode step of ``batch_size`` requests over ``tokens`` prompt tokens
         (``unique_tokens`` with shared chunks counted once) took ``step_time_s`` seconds."""
 

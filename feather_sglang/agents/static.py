@@ -27,23 +27,39 @@ class StaticRuleAgent(StopAddAgent):
     name = "static"
     # The rule's settings, --feather-static-* on the command line.
     options = {
-        "static_max_loss": (int, opt(
-            5, int_at_least(0),
-            "Static rule: largest shared-prefix loss, in chunks, that still admits (>= 0).",
-        )),
-        "static_max_loss_crowded": (int, opt(
-            7, int_at_least(0),
-            "Static rule: largest loss, in chunks, admitted when many waiting requests share the "
-            "new depth (>= 0).",
-        )),
-        "static_crowd_threshold": (int, opt(
-            10, int_at_least(1),
-            "Static rule: waiting requests sharing the new depth that count as 'many' (>= 1).",
-        )),
-        "static_floor_max": (int, opt(
-            10, int_at_least(1),
-            "Static rule: the batch-size floor below which anything is admitted grows up to this (>= 1).",
-        )),
+        "static_max_loss": (
+            int,
+            opt(
+                5,
+                int_at_least(0),
+                "Static rule: largest shared-prefix loss, in chunks, that still admits (>= 0).",
+            ),
+        ),
+        "static_max_loss_crowded": (
+            int,
+            opt(
+                7,
+                int_at_least(0),
+                "Static rule: largest loss, in chunks, admitted when many waiting requests share the "
+                "new depth (>= 0).",
+            ),
+        ),
+        "static_crowd_threshold": (
+            int,
+            opt(
+                10,
+                int_at_least(1),
+                "Static rule: waiting requests sharing the new depth that count as 'many' (>= 1).",
+            ),
+        ),
+        "static_floor_max": (
+            int,
+            opt(
+                10,
+                int_at_least(1),
+                "Static rule: the batch-size floor below which anything is admitted grows up to this (>= 1).",
+            ),
+        ),
     }
 
     @staticmethod

@@ -27,6 +27,7 @@ from feather_sglang.sglang_integration.names import (  # noqa: F401 (feather_con
 
 logger = logging.getLogger(__name__)
 
+
 def _attach(server_args, config: FeatherConfig) -> None:
     msgspec.Struct.__setattr__(server_args, CONFIG_ATTR, config)
 
@@ -122,11 +123,15 @@ def startup_refusals(server_args, check_hooks: bool = False) -> list[str]:
         if check_hooks and not _built_in():
             missing = refusals.missing_hooks()
             if missing:
-                problems.append("--schedule-policy feather needs scheduler hooks that SGLang's HookRegistry did "
-                                f"not apply ({', '.join(missing)}); feather-sglang supports sglang "
-                                f"{_sglang_supported()} (see the log above for why a hook failed)")
+                problems.append(
+                    "--schedule-policy feather needs scheduler hooks that SGLang's HookRegistry did "
+                    f"not apply ({', '.join(missing)}); feather-sglang supports sglang "
+                    f"{_sglang_supported()} (see the log above for why a hook failed)"
+                )
     if getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME:
-        problems += refusals.backend_refusals(server_args, refusals.local_hf_config(server_args.model_path))
+        problems += refusals.backend_refusals(
+            server_args, refusals.local_hf_config(server_args.model_path)
+        )
     problem = trace.check_path()
     if problem:
         problems.append(problem)
@@ -147,10 +152,15 @@ def _sglang_supported() -> str:
 
 def _cuda_graphs_off_for_feather_backend(server_args) -> None:
     """Feather's backend has no CUDA-graph capture: turn graphs off, as SGLang does for torch_native."""
-    if getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME and not server_args.disable_cuda_graph:
+    if (
+        getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME
+        and not server_args.disable_cuda_graph
+    ):
         server_args.disable_cuda_graph = True
-        logger.warning("CUDA graphs are disabled because of --attention-backend feather (as SGLang does for "
-                       "torch_native): feather's backend does not capture graphs")
+        logger.warning(
+            "CUDA graphs are disabled because of --attention-backend feather (as SGLang does for "
+            "torch_native): feather's backend does not capture graphs"
+        )
 
 
 def make_engine_server_args_factory(server_args_class):
@@ -170,7 +180,8 @@ def make_engine_server_args_factory(server_args_class):
         if feather_kwargs and kwargs.get("schedule_policy") != POLICY_NAME:
             logger.warning(
                 "feather options %s are ignored: schedule_policy is %r, not 'feather'",
-                ", ".join(feather_kwargs), kwargs.get("schedule_policy", "fcfs"),
+                ", ".join(feather_kwargs),
+                kwargs.get("schedule_policy", "fcfs"),
             )
         kwargs.update(_cpu_defaults({k: kwargs.get(k) for k in _CPU_FIELDS}))
         server_args = server_args_class(**kwargs)

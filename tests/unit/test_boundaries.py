@@ -136,7 +136,5 @@ def test_scripts_are_thin_and_import_no_other_script():
     "the plugin itself cut down",
 )
 def test_the_plugin_stays_small():
-    lines = sum(
-        len(p.read_text().splitlines()) for p in (REPO / "feather_sglang").rglob("*.py")
-    )
+    lines = sum(len(p.read_text().splitlines()) for p in (REPO / "feather_sglang").rglob("*.py"))
     assert lines <= PLUGIN_MAX_LINES, f"feather_sglang holds {lines} lines of Python"

@@ -108,13 +108,16 @@ def check_against_model(tree: ChunkedHashTree, model: BruteForceModel) -> None:
         keys = model.keys[rid]
         shared = 0  # leading levels another waiting request holds too
         while shared < len(keys) and any(
-            other != rid and model.keys[other][: shared + 1] == keys[: shared + 1] for other in waiting
+            other != rid and model.keys[other][: shared + 1] == keys[: shared + 1]
+            for other in waiting
         ):
             shared += 1
         assert tree.waiting_shared_depth(rid) == shared
         held = len(keys) - model.deficit(rid)  # leading levels the running batch holds
         assert tree.waiting_shared_beyond_running(rid) == (shared if shared > held else 0)
-        group = {other for other in waiting if shared and model.keys[other][:shared] == keys[:shared]}
+        group = {
+            other for other in waiting if shared and model.keys[other][:shared] == keys[:shared]
+        }
         assert tree.waiting_group_size(rid) == (len(group) if shared else 1)
     for rid in running:
         assert tree.state(rid) is RequestState.RUNNING

@@ -65,8 +65,13 @@ def test_no_commit_hashes_in_the_tree():
     checked = subprocess.run(
         ["git", "-C", str(REPO), "cat-file", "--batch-check"],
         input="".join(f"{h}^{{commit}}\n" for h in names),
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.splitlines()
-    commits = [f"{h} in {sorted(found[h])}" for h, line in zip(names, checked)
-               if not line.endswith((" missing", " ambiguous"))]
+    commits = [
+        f"{h} in {sorted(found[h])}"
+        for h, line in zip(names, checked)
+        if not line.endswith((" missing", " ambiguous"))
+    ]
     assert commits == []

@@ -41,9 +41,22 @@ def wheel(tmp_path_factory) -> Path:
         shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "--disable-pip-version-check", "-w", str(out), str(src)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "--disable-pip-version-check",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert build.returncode == 0, build.stderr[-3000:]
     (path,) = out.glob("feather_sglang-*.whl")
@@ -63,9 +76,21 @@ def test_the_wheel_holds_the_package_data(wheel):
 def test_the_installed_wheel_runs_outside_the_checkout(wheel, tmp_path):
     target = tmp_path / "site"
     install = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--disable-pip-version-check",
-         "--target", str(target), str(wheel)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert install.returncode == 0, install.stderr[-3000:]
     cwd = tmp_path / "elsewhere"
@@ -75,12 +100,20 @@ def test_the_installed_wheel_runs_outside_the_checkout(wheel, tmp_path):
     for script, module in COMMANDS.items():
         where = subprocess.run(
             [sys.executable, "-c", f"import {module} as m; print(m.__file__)"],
-            cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert where.returncode == 0, where.stderr[-3000:]
         assert Path(where.stdout.strip().splitlines()[-1]).is_relative_to(target), where.stdout
         helped = subprocess.run(
             [sys.executable, "-m", module, "--help"],
-            cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert helped.returncode == 0 and "usage:" in helped.stdout, (script, helped.stderr[-3000:])
