@@ -59,6 +59,10 @@ import time
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from feather_bench.argtypes import ints
+from feather_bench.paths import RESULTS_DIR, model_dir
+from feather_bench.timing import medians_ms
+from feather_bench.tools.machine import describe
 from feather_kernels import (
     PrefixGroup,
     find_extend_groups,
@@ -69,10 +73,6 @@ from feather_kernels import (
 )
 from feather_kernels.prefix_shared_cpu import prefix_dtype
 from feather_kernels.synthetic import LAYOUTS, make_decode_batch, make_extend_batch
-from feather_bench.argtypes import ints
-from feather_bench.paths import RESULTS_DIR, model_dir
-from feather_bench.timing import medians_ms
-from feather_bench.tools.machine import describe
 
 HQ, HKV, HEAD_DIM = 9, 3, 64  # SmolLM2-135M-Instruct
 # 8 query and 8 KV heads of dimension 64: the shape the speed-up targets (8x at B16/P2048,

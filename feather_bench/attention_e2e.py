@@ -87,9 +87,9 @@ def run_server_comparison(
         raise ValueError(f"groups must be >= 1 and divide requests ({requests}), got {groups}")
     if rounds < 1 or repeats < 1:
         raise ValueError(f"rounds and repeats must be >= 1, got {rounds} and {repeats}")
-    from feather_sglang.sglang_integration.trace import ENV, read_trace, time_split
     from feather_bench.tools.server import SGLangServer
     from feather_bench.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
+    from feather_sglang.sglang_integration.trace import ENV, read_trace, time_split
 
     prompts = shared_prefix_prompts(groups, requests // groups, repeat=prefix_repeat)
     times: dict[str, list[float]] = {"feather": [], "torch_native": []}

@@ -44,7 +44,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import platform
 import re
 import statistics
 import sys

@@ -55,12 +55,11 @@ import sys
 import time
 import timeit
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 import torch
-
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import (
     WAITING_PREFIX_REFRESH_INTERVAL,
@@ -651,11 +650,11 @@ def summarize(rows: list[dict], settings: Settings) -> dict:
     def ratios(kind, feather_policy="feather"):
         f = find(w, t, feather_policy, kind)
         d = find(w, t, "dfs-weight", kind)
-        l = find(w, t, "lpm-no-fallback", kind)
-        if f is None or d is None or l is None:
+        lpm = find(w, t, "lpm-no-fallback", kind)
+        if f is None or d is None or lpm is None:
             return None, None
         return round(d["us_per_pass"] / f["us_per_pass"], 1), round(
-            l["us_per_pass"] / f["us_per_pass"], 1
+            lpm["us_per_pass"] / f["us_per_pass"], 1
         )
 
     dfs_ratio, lpm_ratio = ratios(kind)
@@ -663,16 +662,15 @@ def summarize(rows: list[dict], settings: Settings) -> dict:
     largest_w_at_t = max(c[0] for c in cells if c[1] == largest_t)
     ins = find(largest_w_at_t, largest_t, "feather", kind)
     insert_per_1k = round(ins["us_per_insert"] / (largest_t / 1000), 3) if ins else None
-    feather = find(w, t, "feather", kind)
     pick_w = max(c[0] for c in cells)
     pick_row = find(pick_w, max(c[1] for c in cells if c[0] == pick_w), "feather", kind)
     by_cache = {}
     for k in kinds:
-        d, l = ratios(k)
+        d, lpm = ratios(k)
         dp, lp = ratios(k, "feather-plan")
         by_cache[k] = {
             "ratio_vs_dfs_weight": d,
-            "ratio_vs_lpm": l,
+            "ratio_vs_lpm": lpm,
             "ratio_vs_dfs_weight_plan_only": dp,
             "ratio_vs_lpm_plan_only": lp,
         }

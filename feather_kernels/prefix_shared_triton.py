@@ -359,7 +359,7 @@ def _merge_parts(
     h_ok = offs_h < num_heads
     mask = h_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V)
     m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([BLOCK_H], dtype=tl.float32)
+    l = tl.zeros([BLOCK_H], dtype=tl.float32)  # noqa: E741 (the softmax denominator's usual name)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     for p in range(0, n_parts):
         lse = tl.load(
@@ -382,7 +382,7 @@ def _merge_parts(
         w = tl.exp(lse - m_safe)
         o = tl.where(w[:, None] > 0, o, 0.0)  # an empty part's o is never read as NaN
         acc = acc * alpha[:, None] + o * w[:, None]
-        l = l * alpha + w
+        l = l * alpha + w  # noqa: E741
         m = m_new
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 # Slot id layouts of make_decode_batch (see its docstring).
 LAYOUTS = ("scattered", "allocator")
 

@@ -8,12 +8,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from feather_rl import workload_specs
+from feather_rl.executors.real import DEFAULT_MAX_TOTAL_TOKENS
 from feather_sglang.agents.base import Action, AgentState
 from feather_sglang.agents.features import OBS_DIM, OBS_HIGH, OBS_LOW, observe
 from feather_sglang.agents.step_model import StepTimeModel
 from feather_sglang.cht import ChunkedHashTree, with_costs
-from feather_rl import workload_specs
-from feather_rl.executors.real import DEFAULT_MAX_TOTAL_TOKENS
 
 DEFAULT_CHUNK_SIZE = 50  # feather's default --feather-chunk-size
 # NOTE: 32 running requests: the A/B workloads have 30-64 requests, so a batch cannot simply

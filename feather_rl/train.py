@@ -396,11 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if serving and args.eval_every > 0:
         from stable_baselines3.common.monitor import Monitor
+        from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
         from feather_rl.regimes import HELDOUT
         from feather_rl.serving_env import ServingEnv
-
-        from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
         # wrapped as the training env is (SB3 syncs the normalisation; observations are raw)
         eval_env = VecNormalize(

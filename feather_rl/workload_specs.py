@@ -13,9 +13,7 @@ every episode.
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
-from feather_sglang.chunk_hash import chunk_hashes
 from feather_bench.paths import model_dir
 from feather_bench.workloads import (
     SPECS,
@@ -26,6 +24,7 @@ from feather_bench.workloads import (
     load_workload_file,
     parse_spec,
 )
+from feather_sglang.chunk_hash import chunk_hashes
 
 DEFAULT_TOKENIZER = model_dir("tiny-llama")  # SmolLM2's tokenizer
 # feather-8x100 with 400-token prompts: within the replay recording's prompt lengths (the A/B

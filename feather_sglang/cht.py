@@ -45,7 +45,6 @@ from feather_sglang.chunk_hash import (
     token_bytes,
 )
 
-
 # NOTE: stale heap entries (pushed before a deficit changed, or left behind by requests that
 # left the queue) are skipped at the top; rebuilding once they outnumber live ones this many
 # times keeps memory O(W) at amortised O(1) cost per push.

@@ -25,7 +25,6 @@ from pathlib import Path
 from feather_bench.ab import report
 from feather_bench.ab.metrics import compute, median_of
 from feather_bench.ab.runner import ABConfig, Common, run_offline, run_online, scratch_dir
-from feather_sglang.config import FeatherConfig
 from feather_bench.paths import model_dir
 from feather_bench.tools.machine import describe as describe_machine
 from feather_bench.workloads import (
@@ -38,6 +37,7 @@ from feather_bench.workloads import (
     load_workload_file,
     parse_spec,
 )
+from feather_sglang.config import FeatherConfig
 
 DEFAULT_MODEL = model_dir()
 BASELINE_POLICIES = ("fcfs", "lpm", "dfs-weight")

@@ -115,9 +115,12 @@ def table(rows: list[dict]) -> str:
     headers = ["configuration"] + [h for _, h, _ in COLUMNS]
     body = [[r["config"]] + [fmt.format(r[k]) for k, _, fmt in COLUMNS] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(headers, *body)]
-    line = lambda cells: "  ".join(
-        c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
-    )  # noqa: E731
+
+    def line(cells):
+        return "  ".join(
+            c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        )
+
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, body)])
 
 

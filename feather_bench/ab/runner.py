@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Optional
 
 from feather_bench.ab.client import RequestRecord
+from feather_bench.workloads import Workload, write_workload_file
 from feather_sglang.sglang_integration.trace import ENV as TRACE_ENV
 from feather_sglang.sglang_integration.trace import read_trace
-from feather_bench.workloads import Workload, write_workload_file
 
 WARMUP_TOKENS = 32
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import requests
 
-
 READY_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
 

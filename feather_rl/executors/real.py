@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from feather_rl.executors.batch import BatchKey, Measurement
 from feather_bench.tools.engine import shutdown_engine
+from feather_rl.executors.batch import BatchKey, Measurement
 
 # NOTE: 64 running requests and 64K KV tokens cover every batch the environment forms from the
 # built-in workloads (at most 64 requests of <= 1100 tokens, most of them shared).

@@ -25,7 +25,6 @@ this is installed or applied; the plugin itself works unchanged.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 PTH_NAME = "feather_sglang_cpu_runtime.pth"

@@ -32,10 +32,13 @@ from sglang.srt.mem_cache.common import match_kv_cache
 from feather_sglang.agents import ServerShape
 from feather_sglang.cht import RequestState
 from feather_sglang.planner import AdmissionPlanner
-from feather_sglang.sglang_integration.names import ATTENTION_BACKEND_NAME
-from feather_sglang.sglang_integration.names import POLICY_NAME, feather_config_of
 from feather_sglang.sglang_integration import trace
 from feather_sglang.sglang_integration.faults import FaultLog
+from feather_sglang.sglang_integration.names import (
+    ATTENTION_BACKEND_NAME,
+    POLICY_NAME,
+    feather_config_of,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch

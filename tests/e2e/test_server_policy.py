@@ -14,7 +14,6 @@ import openai
 import pytest
 import requests
 
-from feather_sglang.sglang_integration.trace import read_trace
 from feather_bench.tools.server import SGLangServer
 from feather_bench.tools.workload import (
     compare_greedy,
@@ -22,6 +21,7 @@ from feather_bench.tools.workload import (
     homogeneity,
     shared_prefix_prompts,
 )
+from feather_sglang.sglang_integration.trace import read_trace
 
 pytestmark = pytest.mark.e2e
 

@@ -9,9 +9,9 @@ import openai
 import pytest
 import requests
 
-from feather_sglang.config import FeatherConfigError
 from feather_bench.tools.engine import shutdown_engine
 from feather_bench.tools.server import SGLangServer
+from feather_sglang.config import FeatherConfigError
 
 pytestmark = pytest.mark.e2e
 
@@ -131,10 +131,10 @@ def test_sglang_serve_with_radix_cache_disabled_explains_what_it_loses(tiny_mode
 
 
 def test_engine_runs_feather_with_options(tiny_model, capfd):
-    import sglang
     from multiprocessing import resource_tracker
 
     import psutil
+    import sglang
 
     resource_tracker.ensure_running()
     tracker = resource_tracker._resource_tracker._pid

@@ -30,7 +30,6 @@ from array import array
 
 import pytest
 import torch
-
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, SchedulePolicy
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator

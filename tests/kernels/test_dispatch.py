@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from feather_kernels import PrefixGroup, decode_attention_reference, extend_attention_reference
-from feather_kernels.prefix_shared_cpu import DecodePlan
-from feather_kernels.synthetic import make_decode_batch, make_extend_batch
+from feather_kernels import decode_attention_reference, extend_attention_reference
 from feather_kernels.dispatch import (
     IMPL_ENV,
     TritonDecode,
@@ -28,6 +26,8 @@ from feather_kernels.dispatch import (
     run_decode,
     run_extend,
 )
+from feather_kernels.prefix_shared_cpu import DecodePlan
+from feather_kernels.synthetic import make_decode_batch, make_extend_batch
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,6 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feather_sglang.chunk_hash import chunk_hashes
 from feather_sglang.cht import (
     HEAP_COMPACT_MIN_STALE,
     HEAP_STALE_PER_LIVE,
@@ -21,6 +20,7 @@ from feather_sglang.cht import (
     ChunkedHashTree,
     RequestState,
 )
+from feather_sglang.chunk_hash import chunk_hashes
 
 # Small token alphabet so that suffixes collide with each other and with the prefixes.
 tokens = st.integers(min_value=0, max_value=3)

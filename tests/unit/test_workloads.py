@@ -186,7 +186,7 @@ def test_malformed_workload_file_lists_every_bad_line(tok, tmp_path):
         load_workload_file(path, tok)
     msg = str(e.value)
     assert "(9 problem(s)); nothing was run" in msg
-    by_line = {int(l.split(":")[0].split()[1]): l for l in msg.splitlines()[1:]}
+    by_line = {int(x.split(":")[0].split()[1]): x for x in msg.splitlines()[1:]}
     for n, what in [
         (2, 'duplicate id "ok"'),
         (3, "not valid JSON"),
