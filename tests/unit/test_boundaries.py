@@ -132,7 +132,7 @@ def test_scripts_are_thin_and_import_no_other_script():
 @pytest.mark.xfail(
     strict=True,
     reason="feather_sglang (config, CHT, planner, agents, sglang_integration, cpu_runtime, plugin "
-    "registration) holds about 3,950 lines once the tooling is out; the 3,000-line budget needs "
+    "registration) holds about 4,400 lines (ruff-formatted) once the tooling is out; the 3,000-line budget needs "
     "the plugin itself cut down",
 )
 def test_the_plugin_stays_small():
