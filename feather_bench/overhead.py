@@ -728,7 +728,7 @@ def run(settings: Settings, json_path: Optional[str], log=None) -> dict:
     machine = machine_info(settings)
     log(
         f"machine: {machine['cpu']}, {machine['cores']} cores, load {machine['loadavg_at_start']}, "
-        f"sglang {machine['sglang']}, tree caches {machine['tree_caches']}"
+        f"sglang {machine['versions']['sglang']}, tree caches {machine['tree_caches']}"
     )
     chunk = FeatherConfig().chunk_size
     budget = settings.max_rss_gb * 2**30

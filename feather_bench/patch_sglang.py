@@ -65,7 +65,7 @@ def _patch(target: Path, patch: Path, *flags: str) -> subprocess.CompletedProces
             "--no-backup-if-mismatch",
             "--reject-file=-",
             "-i",
-            str(patch),
+            str(patch.resolve()),  # patch -d changes directory first
             *flags,
         ],
         capture_output=True,
