@@ -23,10 +23,10 @@ env:
 	@bash scripts/setup_env.sh
 
 models: env
-	@$(PYTHON) scripts/setup_models.py
+	@$(PYTHON) -m feather_bench.setup_models
 
 demo: setup
-	$(PYTHON) scripts/demo.py
+	$(PYTHON) -m feather_bench.demo
 
 test: setup
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
@@ -35,38 +35,40 @@ test-fast: setup
 	$(PYTHON) -m pytest -m "not e2e" $(PYTEST_ARGS)
 
 bench-overhead: setup
-	$(PYTHON) scripts/bench_overhead.py --json results/bench_overhead.json
+	$(PYTHON) -m feather_bench.overhead --json results/bench_overhead.json
 	.venv/bin/feather-bench-scale --waiting 10000,50000 --json results/scale/scale.json
 
 bench-overhead-quick: setup
-	$(PYTHON) scripts/bench_overhead.py --quick --json results/bench_overhead_quick.json
+	$(PYTHON) -m feather_bench.overhead --quick --json results/bench_overhead_quick.json
 
 bench-attention: setup
-	$(PYTHON) scripts/bench_attention.py --extend --server --json results/bench_attention.json
+	$(PYTHON) -m feather_bench.attention --extend --server --json results/bench_attention.json
 
 # feather-ab: every policy x attention backend on each built-in workload, then the example
 # workload file online (Poisson arrivals from the file). One torch thread per SGLang run keeps
 # the timings stable on a small shared machine (see README).
 AB_ARGS ?= --threads 1
 AB_AGENT_PPO := ppo:feather_rl/agents/ppo_serving.zip
-# batchllm-half and feather-8x100-p400 (SPECS in feather_sglang/workloads.py) are batchllm with
-# BatchLLM's sizes halved and feather-8x100 with prompts cut to 400 tokens, for the agents, the
-# 64-token and the small-pool variants (a 4,096-token pool cannot hold one group's 2,000-token
-# prefix and its 16 requests; a 2,048 one no 2,000-token prompts)
+# Workloads are named by their shape, gGROUPSxREQUESTS-pPREFIX-qQUESTION (SPECS and ALIASES in
+# feather_bench/workloads.py; the result files keep the old names: feather-8x100 = g8x8-p2000-q24,
+# feather-8x100-p400 = g8x8-p400-q24, feather-8x50 = g8x50-p400-q24, batchllm = g4x16-p2000-q200,
+# batchllm-half = g4x8-p1000-q100). The 400-token and halved shapes serve the agents, the 64-token
+# and the small-pool variants (a 4,096-token pool cannot hold one group's 2,000-token prefix and
+# its 16 requests; a 2,048 one no 2,000-token prompts).
 ab: setup
-	.venv/bin/feather-ab --workload feather-8x100 --feather-agents static,$(AB_AGENT_PPO) --repeats 2 --json results/ab/feather-8x100.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload feather-8x100-p400 --feather-agents static,$(AB_AGENT_PPO) --repeats 2 --json results/ab/feather-8x100-p400.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload batchllm --feather-agents static,$(AB_AGENT_PPO) --json results/ab/batchllm.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload batchllm-half --feather-agents static,$(AB_AGENT_PPO) --json results/ab/batchllm-half.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload g8x8-p2000-q24 --feather-agents static,$(AB_AGENT_PPO) --repeats 2 --json results/ab/feather-8x100.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload g8x8-p400-q24 --feather-agents static,$(AB_AGENT_PPO) --repeats 2 --json results/ab/feather-8x100-p400.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload g4x16-p2000-q200 --feather-agents static,$(AB_AGENT_PPO) --json results/ab/batchllm.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload g4x8-p1000-q100 --feather-agents static,$(AB_AGENT_PPO) --json results/ab/batchllm-half.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload no-sharing --repeats 2 --json results/ab/no-sharing.json $(AB_ARGS)
 	@for w in multilevel gsp; do .venv/bin/feather-ab --workload $$w --json results/ab/$$w.json $(AB_ARGS) || exit 1; done
-	.venv/bin/feather-ab --workload feather-8x100-p400 --policies feather --backends feather --feather-agents static,ucb,qlearning,$(AB_AGENT_PPO) --json results/ab/agents-feather-8x100-p400.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload g8x8-p400-q24 --policies feather --backends feather --feather-agents static,ucb,qlearning,$(AB_AGENT_PPO) --json results/ab/agents-feather-8x100-p400.json $(AB_ARGS)
 	.venv/bin/feather-ab --workload-file scripts/example_workload.jsonl --mode online --json results/ab/example-online.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload feather-8x100-p400 --max-new-tokens 64 --json results/ab/feather-8x100-p400-out64.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload feather-8x50 --repeats 2 --json results/ab/feather-8x50.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload batchllm-half --max-total-tokens 4096 --json results/ab/batchllm-half-kv4096.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload feather-8x100-p400 --max-total-tokens 2048 --json results/ab/feather-8x100-p400-kv2048.json $(AB_ARGS)
-	.venv/bin/feather-ab --workload feather-8x50 --max-total-tokens 2048 --json results/ab/feather-8x50-kv2048.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload g8x8-p400-q24 --max-new-tokens 64 --json results/ab/feather-8x100-p400-out64.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload g8x50-p400-q24 --repeats 2 --json results/ab/feather-8x50.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload g4x8-p1000-q100 --max-total-tokens 4096 --json results/ab/batchllm-half-kv4096.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload g8x8-p400-q24 --max-total-tokens 2048 --json results/ab/feather-8x100-p400-kv2048.json $(AB_ARGS)
+	.venv/bin/feather-ab --workload g8x50-p400-q24 --max-total-tokens 2048 --json results/ab/feather-8x50-kv2048.json $(AB_ARGS)
 
 ab-quick: setup
 	.venv/bin/feather-ab --workload-file scripts/example_workload.jsonl --policies fcfs,lpm,feather --json results/ab/example-offline.json $(AB_ARGS)
@@ -78,7 +80,7 @@ bench-serving: setup
 	$(PYTHON) -m feather_bench.docs
 
 bench-dtype: setup
-	$(PYTHON) scripts/bench_dtype.py --json results/bench_dtype.json
+	$(PYTHON) -m feather_bench.dtype --json results/bench_dtype.json
 
 # On a machine with an NVIDIA GPU (no setup: a GPU host's python3 holds CUDA torch; .venv's is CPU)
 gpu-check:
@@ -87,7 +89,7 @@ gpu-check:
 # patches/: whether the fork patch applies to an sglang tree (the directory holding sglang/)
 SGLANG_TREE ?= $(shell $(PYTHON) -c "import os, sglang; print(os.path.dirname(os.path.dirname(sglang.__file__)))" 2>/dev/null)
 patch-check: setup
-	$(PYTHON) scripts/patch_sglang.py "$(SGLANG_TREE)" --check
+	$(PYTHON) -m feather_bench.patch_sglang "$(SGLANG_TREE)" --check
 
 clean-models:
 	rm -rf models

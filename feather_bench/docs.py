@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path()  # the repository's root: run from there
 BEGIN, END = "<!-- options -->", "<!-- /options -->"
 
 
@@ -25,8 +25,10 @@ def options_markdown() -> str:
     defaults = FeatherConfig()
     lines = ["| option (`Engine` keyword) | default | meaning |", "|---|---|---|"]
     for flag, field in FeatherConfig.options():
-        lines.append(f"| `{flag}` (`feather_{field.name}`) | `{getattr(defaults, field.name)}` | "
-                     f"{field.metadata['help']} |")
+        lines.append(
+            f"| `{flag}` (`feather_{field.name}`) | `{getattr(defaults, field.name)}` | "
+            f"{field.metadata['help']} |"
+        )
     return "\n".join(lines)
 
 
@@ -39,42 +41,62 @@ def readme_with_options(text: str) -> str:
 
 
 def _ab_section(paths: list[Path]) -> list[str]:
-    lines = ["## feather-ab: every policy x attention backend on one workload", "",
-             "Each row one `feather-ab` run (medians where `--repeats` > 1); speed-up = the best feather "
-             "configuration's output tok/s over the best baseline's (SGLang's policies on torch_native); "
-             "policy = feather over the best stock policy on the same backend.", "",
-             "| file | command | machine, date | best feather vs best baseline | policy alone | greedy outputs |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "## feather-ab: every policy x attention backend on one workload",
+        "",
+        "Each row one `feather-ab` run (medians where `--repeats` > 1); speed-up = the best feather "
+        "configuration's output tok/s over the best baseline's (SGLang's policies on torch_native); "
+        "policy = feather over the best stock policy on the same backend.",
+        "",
+        "| file | command | machine, date | best feather vs best baseline | policy alone | greedy outputs |",
+        "|---|---|---|---|---|---|",
+    ]
     for p in paths:
         d = json.loads(p.read_text())
         s = d.get("summary", {})
         if s.get("speedup_vs_best_baseline") is None:
             continue
-        same = "identical" if d.get("greedy_outputs_identical") else f"{len(d.get('greedy_mismatches') or [])} differ"
+        same = (
+            "identical"
+            if d.get("greedy_outputs_identical")
+            else f"{len(d.get('greedy_mismatches') or [])} differ"
+        )
         policy = s.get("policy_speedup_same_backend")
-        policy = "-" if policy is None else f"{policy:.2f}x vs {s.get('policy_speedup_same_backend_vs', '?')}"
-        lines.append(f"| `{p.relative_to(REPO)}` | `{d.get('command', '?')}` | {d['machine'].get('cpu', '?')}, "
-                     f"{str(d.get('date', '?'))[:10]} | {s['speedup_vs_best_baseline']:.2f}x ({s.get('best_feather')} "
-                     f"vs {s.get('best_baseline')}) | {policy} | {same} |")
+        policy = (
+            "-"
+            if policy is None
+            else f"{policy:.2f}x vs {s.get('policy_speedup_same_backend_vs', '?')}"
+        )
+        lines.append(
+            f"| `{p.relative_to(REPO)}` | `{d.get('command', '?')}` | {d['machine'].get('cpu', '?')}, "
+            f"{str(d.get('date', '?'))[:10]} | {s['speedup_vs_best_baseline']:.2f}x ({s.get('best_feather')} "
+            f"vs {s.get('best_baseline')}) | {policy} | {same} |"
+        )
     return lines
 
 
 def _scale_section(path: Path) -> list[str]:
     d = json.loads(path.read_text())
     prov, m = d["provenance"], d["provenance"]["machine"]
-    lines = ["## Scheduling cost at scale: `feather-bench-scale`", "",
-             f"`{prov['command']}` ({m.get('cpu')}, {prov['date'][:10]}, commit "
-             f"`{(prov.get('git') or {}).get('commit', '?')[:10]}`; batch {d['settings']['batch']}; "
-             "feather's own part of each pass, then the whole `calc_priority` call, which adds SGLang's "
-             "own per-pass work, the same under fcfs: every 32nd pass refreshes the LRU recency of the "
-             "first 128 waiting prefixes)", "",
-             "| waiting | scenario | prompt tokens | feather p50 us | feather p99 us | pass p50 us | pass p99 us | "
-             "O(W) reindexes | CHT bytes per prompt token |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "## Scheduling cost at scale: `feather-bench-scale`",
+        "",
+        f"`{prov['command']}` ({m.get('cpu')}, {prov['date'][:10]}, commit "
+        f"`{(prov.get('git') or {}).get('commit', '?')[:10]}`; batch {d['settings']['batch']}; "
+        "feather's own part of each pass, then the whole `calc_priority` call, which adds SGLang's "
+        "own per-pass work, the same under fcfs: every 32nd pass refreshes the LRU recency of the "
+        "first 128 waiting prefixes)",
+        "",
+        "| waiting | scenario | prompt tokens | feather p50 us | feather p99 us | pass p50 us | pass p99 us | "
+        "O(W) reindexes | CHT bytes per prompt token |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in d["rows"]:
-        lines.append(f"| {r['waiting']:,} | {r['scenario']} | {r['prompt_tokens']:,} | {r['feather_p50_us']:,.1f} | "
-                     f"{r['feather_p99_us']:,.1f} | {r['p50_us']:,.1f} | {r['p99_us']:,.1f} | {r['reindexes']} | "
-                     f"{r['cht_bytes_per_prompt_token']:.2f} |")
+        lines.append(
+            f"| {r['waiting']:,} | {r['scenario']} | {r['prompt_tokens']:,} | {r['feather_p50_us']:,.1f} | "
+            f"{r['feather_p99_us']:,.1f} | {r['p50_us']:,.1f} | {r['p99_us']:,.1f} | {r['reindexes']} | "
+            f"{r['cht_bytes_per_prompt_token']:.2f} |"
+        )
     return lines
 
 
@@ -82,18 +104,30 @@ def results_markdown() -> str:
     from feather_bench import serving
     from feather_rl.evaluate import serving_markdown
 
-    parts = ["# Results", "",
-             "Generated by `python -m feather_bench.docs` from the JSON under `results/`; every table names "
-             "the command that wrote it, the machine and the date. How each benchmark measures: "
-             "[benchmarks.md](benchmarks.md).", ""]
+    parts = [
+        "# Results",
+        "",
+        "Generated by `python -m feather_bench.docs` from the JSON under `results/`; every table names "
+        "the command that wrote it, the machine and the date. How each benchmark measures: "
+        "[benchmarks.md](benchmarks.md).",
+        "",
+    ]
     bench_dir = REPO / "results" / "bench_serving"
     if any(bench_dir.glob("*.json")):
         body = serving.report(bench_dir).split("\n", 1)[1]  # without the page's own title
-        parts += ["## SGLang's own client: `make bench-serving`", "", body.replace("\n## ", "\n### ")]
+        parts += [
+            "## SGLang's own client: `make bench-serving`",
+            "",
+            body.replace("\n## ", "\n### "),
+        ]
     rl = REPO / "results" / "rl" / "eval_serving.json"
     if rl.exists():
-        parts += ["## The stop/add decision: `feather-eval` in the simulated server", "",
-                  serving_markdown(json.loads(rl.read_text()), str(rl.relative_to(REPO))), ""]
+        parts += [
+            "## The stop/add decision: `feather-eval` in the simulated server",
+            "",
+            serving_markdown(json.loads(rl.read_text()), str(rl.relative_to(REPO))),
+            "",
+        ]
     scale = REPO / "results" / "scale" / "scale.json"
     if scale.exists():
         parts += _scale_section(scale) + [""]
@@ -104,15 +138,24 @@ def results_markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m feather_bench.docs", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if README.md or docs/results.md is out of date")
+    ap = argparse.ArgumentParser(
+        prog="python -m feather_bench.docs", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument(
+        "--check", action="store_true", help="exit 1 if README.md or docs/results.md is out of date"
+    )
     args = ap.parse_args(argv)
-    targets = {REPO / "README.md": readme_with_options((REPO / "README.md").read_text()),
-               REPO / "docs" / "results.md": results_markdown()}
+    targets = {
+        REPO / "README.md": readme_with_options((REPO / "README.md").read_text()),
+        REPO / "docs" / "results.md": results_markdown(),
+    }
     stale = [p for p, text in targets.items() if not p.exists() or p.read_text() != text]
     if args.check:
         for p in stale:
-            print(f"{p.relative_to(REPO)} is out of date: run python -m feather_bench.docs", file=sys.stderr)
+            print(
+                f"{p.relative_to(REPO)} is out of date: run python -m feather_bench.docs",
+                file=sys.stderr,
+            )
         return 1 if stale else 0
     for p in stale:
         p.write_text(targets[p])

@@ -44,15 +44,23 @@ ABORTS = 50
 
 def _quantiles(samples: list[float], prefix: str = "") -> dict:
     q = statistics.quantiles(samples, n=100)
-    return {f"{prefix}p50_us": round(statistics.median(samples), 1), f"{prefix}p99_us": round(q[98], 1)}
+    return {
+        f"{prefix}p50_us": round(statistics.median(samples), 1),
+        f"{prefix}p99_us": round(q[98], 1),
+    }
 
 
 def _requests(make_req, w: int, shared: bool, prompt_tokens: int) -> list:
     prefix_tokens = prompt_tokens * 3 // 4
-    prefixes = [array("q", range(10_000_000 * (g + 1), 10_000_000 * (g + 1) + prefix_tokens)) for g in range(64)]
+    prefixes = [
+        array("q", range(10_000_000 * (g + 1), 10_000_000 * (g + 1) + prefix_tokens))
+        for g in range(64)
+    ]
     reqs = []
     for i in range(w):
-        own = array("q", range(1_000_000_000 + i * prompt_tokens, 1_000_000_000 + (i + 1) * prompt_tokens))
+        own = array(
+            "q", range(1_000_000_000 + i * prompt_tokens, 1_000_000_000 + (i + 1) * prompt_tokens)
+        )
         tokens = prefixes[i % 64] + own[: prompt_tokens - prefix_tokens] if shared else own
         reqs.append(make_req(f"w{i}", tokens))
     random.Random(w).shuffle(reqs)
@@ -62,7 +70,7 @@ def _requests(make_req, w: int, shared: bool, prompt_tokens: int) -> list:
 def scenario(w: int, kind: str, prompt_tokens: int = PROMPT_TOKENS) -> dict:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
-    from feather_sglang.bench.overhead import SchedulerStandIn, make_req, make_tree_cache, publish_context
+    from feather_bench.overhead import SchedulerStandIn, make_req, make_tree_cache, publish_context
     from feather_sglang.config import FeatherConfig
     from feather_sglang.sglang_integration import policy as policy_mod
 
@@ -105,18 +113,34 @@ def scenario(w: int, kind: str, prompt_tokens: int = PROMPT_TOKENS) -> dict:
         state.on_pass_end(None)  # nothing admitted: the plan rolls back
     gc.unfreeze()
     assert state.faults.total == 0, dict(state.faults.counts)
-    return {"waiting": w, "scenario": kind, "prompt_tokens": prompt_tokens, "passes": len(samples),
-            **_quantiles(samples),
-            **_quantiles(own, "feather_"), **(_quantiles(hooks, "abort_hook_") if hooks else {}),
-            "resyncs": state.resyncs, "reindexes": state.reindexes,
-            "cht_bytes_per_prompt_token": round(cht_bytes / (w * prompt_tokens), 3)}
+    return {
+        "waiting": w,
+        "scenario": kind,
+        "prompt_tokens": prompt_tokens,
+        "passes": len(samples),
+        **_quantiles(samples),
+        **_quantiles(own, "feather_"),
+        **(_quantiles(hooks, "abort_hook_") if hooks else {}),
+        "resyncs": state.resyncs,
+        "reindexes": state.reindexes,
+        "cht_bytes_per_prompt_token": round(cht_bytes / (w * prompt_tokens), 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="feather-bench-scale", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--waiting", default="10000,50000", help="queue sizes, comma-separated (default: %(default)s)")
-    ap.add_argument("--json", default="results/scale/scale.json", help="output JSON (default: %(default)s)")
+    ap = argparse.ArgumentParser(
+        prog="feather-bench-scale",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--waiting",
+        default="10000,50000",
+        help="queue sizes, comma-separated (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--json", default="results/scale/scale.json", help="output JSON (default: %(default)s)"
+    )
     args = ap.parse_args(argv)
     try:
         sizes = [int(x) for x in args.waiting.split(",")]
@@ -126,18 +150,29 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--waiting: each size must be >= 100")
     from feather_rl.provenance import record, write_json
 
-    kinds = [("fresh", PROMPT_TOKENS), ("starved no-sharing", PROMPT_TOKENS), ("after an abort", PROMPT_TOKENS),
-             ("fresh", LONG_PROMPT_TOKENS)]
+    kinds = [
+        ("fresh", PROMPT_TOKENS),
+        ("starved no-sharing", PROMPT_TOKENS),
+        ("after an abort", PROMPT_TOKENS),
+        ("fresh", LONG_PROMPT_TOKENS),
+    ]
     cells = [(w, kind, tokens) for w in sizes for kind, tokens in kinds]
     rows = [scenario(*cell) for cell in tqdm(cells, desc="feather-bench-scale", file=sys.stderr)]
-    print(f"{'waiting':>8} {'scenario':<20} {'prompt':>6} {'pass p50 us':>12} {'pass p99 us':>12} "
-          f"{'feather p50':>12} {'feather p99':>12} {'reindexes':>9} {'CHT B/token':>12}")
+    print(
+        f"{'waiting':>8} {'scenario':<20} {'prompt':>6} {'pass p50 us':>12} {'pass p99 us':>12} "
+        f"{'feather p50':>12} {'feather p99':>12} {'reindexes':>9} {'CHT B/token':>12}"
+    )
     for r in rows:
-        print(f"{r['waiting']:>8} {r['scenario']:<20} {r['prompt_tokens']:>6} {r['p50_us']:>12,.1f} {r['p99_us']:>12,.1f} "
-              f"{r['feather_p50_us']:>12,.1f} {r['feather_p99_us']:>12,.1f} {r['reindexes']:>9} "
-              f"{r['cht_bytes_per_prompt_token']:>12.3f}")
-    out = {"rows": rows, "settings": {"prefix_share": 0.75, "batch": BATCH,
-                                      "passes": PASSES, "aborts": ABORTS}, "provenance": record()}
+        print(
+            f"{r['waiting']:>8} {r['scenario']:<20} {r['prompt_tokens']:>6} {r['p50_us']:>12,.1f} {r['p99_us']:>12,.1f} "
+            f"{r['feather_p50_us']:>12,.1f} {r['feather_p99_us']:>12,.1f} {r['reindexes']:>9} "
+            f"{r['cht_bytes_per_prompt_token']:>12.3f}"
+        )
+    out = {
+        "rows": rows,
+        "settings": {"prefix_share": 0.75, "batch": BATCH, "passes": PASSES, "aborts": ABORTS},
+        "provenance": record(),
+    }
     write_json(args.json, out)
     print(f"feather-bench-scale: -> {args.json}")
     return 0

@@ -20,21 +20,46 @@ import subprocess
 import sys
 from pathlib import Path
 
-from feather_sglang.tools.machine import describe, git_state
-from feather_sglang.tools.server import SGLangServer
+from feather_bench.tools.machine import describe, git_state
+from feather_bench.tools.server import SGLangServer
 
 STOCK_POLICIES = ("fcfs", "lpm", "dfs-weight")
 BACKENDS = ("torch_native", "feather")
-METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
-           "median_itl_ms", "p99_itl_ms", "median_e2e_latency_ms", "duration")
-_GSP = ("--dataset-name", "generated-shared-prefix", "--gsp-question-len", "32", "--gsp-output-len", "32")
+METRICS = (
+    "output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "median_e2e_latency_ms",
+    "duration",
+)
+_GSP = (
+    "--dataset-name",
+    "generated-shared-prefix",
+    "--gsp-question-len",
+    "32",
+    "--gsp-output-len",
+    "32",
+)
 
 # name -> (what it is, bench_serving arguments, server arguments)
 WORKLOADS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "memory-ample": (
         "4 groups x 8 prompts sharing a 1,024-token system prompt, server defaults",
-        (*_GSP, "--gsp-num-groups", "4", "--gsp-prompts-per-group", "8", "--gsp-system-prompt-len", "1024",
-         "--num-prompts", "32"),
+        (
+            *_GSP,
+            "--gsp-num-groups",
+            "4",
+            "--gsp-prompts-per-group",
+            "8",
+            "--gsp-system-prompt-len",
+            "1024",
+            "--num-prompts",
+            "32",
+        ),
         (),
     ),
     # The memory-bound shape scaled to what a 2-core CPU serves in minutes: 16 groups x 12
@@ -42,33 +67,82 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # 4 x (512 + 12 x 64) = 5,120 tokens.
     "memory-bound-cpu": (
         "16 groups x 12 prompts sharing 512-token prefixes, a KV pool of 5,120 tokens (~4 groups)",
-        (*_GSP, "--gsp-num-groups", "16", "--gsp-prompts-per-group", "12", "--gsp-system-prompt-len", "512",
-         "--num-prompts", "192"),
+        (
+            *_GSP,
+            "--gsp-num-groups",
+            "16",
+            "--gsp-prompts-per-group",
+            "12",
+            "--gsp-system-prompt-len",
+            "512",
+            "--num-prompts",
+            "192",
+        ),
         ("--max-total-tokens", "5120"),
     ),
     # 4 groups' prefixes plus their 16 requests' own tokens: 4 x (1024 + 16 x 64) = 8,192
     "memory-bound": (
         "32 groups x 16 prompts sharing 1,024-token prefixes, a KV pool of 8,192 tokens (~4 groups)",
-        (*_GSP, "--gsp-num-groups", "32", "--gsp-prompts-per-group", "16", "--gsp-system-prompt-len", "1024",
-         "--num-prompts", "512"),
+        (
+            *_GSP,
+            "--gsp-num-groups",
+            "32",
+            "--gsp-prompts-per-group",
+            "16",
+            "--gsp-system-prompt-len",
+            "1024",
+            "--num-prompts",
+            "512",
+        ),
         ("--max-total-tokens", "8192"),
     ),
     "no-sharing": (
         "128 prompts of 512 random token ids (bench_serving's random-ids), 32 output tokens, nothing shared",
-        ("--dataset-name", "random-ids", "--random-input-len", "512", "--random-output-len", "32",
-         "--random-range-ratio", "1.0", "--num-prompts", "128"),
+        (
+            "--dataset-name",
+            "random-ids",
+            "--random-input-len",
+            "512",
+            "--random-output-len",
+            "32",
+            "--random-range-ratio",
+            "1.0",
+            "--num-prompts",
+            "128",
+        ),
         (),
     ),
     "no-sharing-cpu": (
         "64 prompts of 256 random token ids, 32 output tokens (nothing shared)",
-        ("--dataset-name", "random-ids", "--random-input-len", "256", "--random-output-len", "32",
-         "--random-range-ratio", "1.0", "--num-prompts", "64"),
+        (
+            "--dataset-name",
+            "random-ids",
+            "--random-input-len",
+            "256",
+            "--random-output-len",
+            "32",
+            "--random-range-ratio",
+            "1.0",
+            "--num-prompts",
+            "64",
+        ),
         (),
     ),
     "online": (
         "memory-bound-cpu, requests arriving at 1 request/s (Poisson)",
-        (*_GSP, "--gsp-num-groups", "16", "--gsp-prompts-per-group", "12", "--gsp-system-prompt-len", "512",
-         "--num-prompts", "192", "--request-rate", "1"),
+        (
+            *_GSP,
+            "--gsp-num-groups",
+            "16",
+            "--gsp-prompts-per-group",
+            "12",
+            "--gsp-system-prompt-len",
+            "512",
+            "--num-prompts",
+            "192",
+            "--request-rate",
+            "1",
+        ),
         ("--max-total-tokens", "5120"),
     ),
 }
@@ -83,18 +157,45 @@ def run_config(model: str, policy: str, backend: str, workload: str, args, out_d
     extra = ["--attention-backend", backend, *server_args, *shlex.split(args.server_args)]
     if policy == "feather" and args.feather_args:
         extra += shlex.split(args.feather_args)
-    with SGLangServer(model, schedule_policy=policy, extra_args=extra,
-                      log_path=out_dir / f"{workload}.{name}.server.log") as server:
+    with SGLangServer(
+        model,
+        schedule_policy=policy,
+        extra_args=extra,
+        log_path=out_dir / f"{workload}.{name}.server.log",
+    ) as server:
         for repeat in range(args.repeats):
-            command = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
-                       "--base-url", server.url, "--model", model, *bench_args, "--seed", str(args.seed),
-                       "--flush-cache", "--warmup-requests", "1", "--output-details",
-                       "--output-file", str(jsonl), *shlex.split(args.bench_args)]
+            command = [
+                sys.executable,
+                "-m",
+                "sglang.bench_serving",
+                "--backend",
+                "sglang",
+                "--base-url",
+                server.url,
+                "--model",
+                model,
+                *bench_args,
+                "--seed",
+                str(args.seed),
+                "--flush-cache",
+                "--warmup-requests",
+                "1",
+                "--output-details",
+                "--output-file",
+                str(jsonl),
+                *shlex.split(args.bench_args),
+            ]
             print(f"[bench-serving] {workload} {name} run {repeat + 1}/{args.repeats}", flush=True)
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
     runs = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    row = {"config": name, "policy": policy, "attention_backend": backend, "runs": len(runs),
-           "jsonl": str(jsonl), "server_args": extra}
+    row = {
+        "config": name,
+        "policy": policy,
+        "attention_backend": backend,
+        "runs": len(runs),
+        "jsonl": str(jsonl),
+        "server_args": extra,
+    }
     for key in METRICS:
         row[key] = statistics.median(r[key] for r in runs)
     row["output_throughput_runs"] = [r["output_throughput"] for r in runs]
@@ -124,7 +225,8 @@ def summarize(rows: list[dict]) -> dict:
             r["p99_ttft_vs_fcfs"] = r["p99_ttft_ms"] / by[("fcfs", b)]["p99_ttft_ms"]
         texts = r.pop("generated_texts", None)
         r["outputs_differing_from_first_config"] = (
-            None if ref is None or texts is None else sum(a != b for a, b in zip(ref, texts)))
+            None if ref is None or texts is None else sum(a != b for a, b in zip(ref, texts))
+        )
     for (p, b), r in by.items():
         if p == "feather":
             out[f"feather+{b}_vs_best_stock_same_backend"] = r.get("vs_best_stock_same_backend")
@@ -132,8 +234,10 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| config | output tok/s (runs) | vs best stock, same backend | vs best torch_native | "
-            "TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | p99 TTFT vs fcfs | outputs differing |")
+    head = (
+        "| config | output tok/s (runs) | vs best stock, same backend | vs best torch_native | "
+        "TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | p99 TTFT vs fcfs | outputs differing |"
+    )
     lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
 
     def f(v, fmt="{:.2f}x"):
@@ -148,7 +252,8 @@ def table(rows: list[dict]) -> str:
             f"| {r['config']} | {r['output_throughput']:.1f} ({spread(r)}) | {f(r.get('vs_best_stock_same_backend'))} | "
             f"{f(r.get('vs_best_torch_native'))} | {r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | "
             f"{r['median_tpot_ms']:.0f} / {r['p99_tpot_ms']:.0f} | {r['median_itl_ms']:.0f} / {r['p99_itl_ms']:.0f} | "
-            f"{f(r.get('p99_ttft_vs_fcfs'))} | {f(r['outputs_differing_from_first_config'], '{}')} |")
+            f"{f(r.get('p99_ttft_vs_fcfs'))} | {f(r['outputs_differing_from_first_config'], '{}')} |"
+        )
     return "\n".join(lines)
 
 
@@ -171,9 +276,12 @@ that differ from the first configuration's (bf16 rounds at ~1e-2, so near-ties c
 
 def headline(results: list[dict]) -> str:
     """One row per workload: feather on each backend against the best stock policy there."""
-    lines = ["| workload | feather + feather vs best stock, feather backend | feather + torch_native vs best "
-             "stock, torch_native | feather + feather vs best torch_native | feather's p99 TTFT vs fcfs "
-             "(feather / torch_native backend) |", "|---|---|---|---|---|"]
+    lines = [
+        "| workload | feather + feather vs best stock, feather backend | feather + torch_native vs best "
+        "stock, torch_native | feather + feather vs best torch_native | feather's p99 TTFT vs fcfs "
+        "(feather / torch_native backend) |",
+        "|---|---|---|---|---|",
+    ]
 
     def cell(row, key, fmt="{:.2f}x"):
         return "-" if row is None or row.get(key) is None else fmt.format(row[key])
@@ -182,15 +290,21 @@ def headline(results: list[dict]) -> str:
         rows = {x["config"]: x for x in r["rows"]}
         ff, fn = rows.get("feather+feather"), rows.get("feather+torch_native")
         vs = lambda row: "" if row is None else f" ({row.get('best_stock_same_backend', '-')})"  # noqa: E731
-        lines.append(f"| {r['workload']} | {cell(ff, 'vs_best_stock_same_backend')}{vs(ff)} | "
-                     f"{cell(fn, 'vs_best_stock_same_backend')}{vs(fn)} | {cell(ff, 'vs_best_torch_native')} | "
-                     f"{cell(ff, 'p99_ttft_vs_fcfs')} / {cell(fn, 'p99_ttft_vs_fcfs')} |")
+        lines.append(
+            f"| {r['workload']} | {cell(ff, 'vs_best_stock_same_backend')}{vs(ff)} | "
+            f"{cell(fn, 'vs_best_stock_same_backend')}{vs(fn)} | {cell(ff, 'vs_best_torch_native')} | "
+            f"{cell(ff, 'p99_ttft_vs_fcfs')} / {cell(fn, 'p99_ttft_vs_fcfs')} |"
+        )
     return "\n".join(lines)
 
 
 def report(out_dir: Path) -> str:
     """Every workload's table in ``out_dir``, with the command and the machine it ran on."""
-    results = [json.loads((out_dir / f"{n}.json").read_text()) for n in WORKLOADS if (out_dir / f"{n}.json").exists()]
+    results = [
+        json.loads((out_dir / f"{n}.json").read_text())
+        for n in WORKLOADS
+        if (out_dir / f"{n}.json").exists()
+    ]
     parts = [REPORT_HEAD, "## Summary\n", headline(results), "\n## Per workload\n"]
     for r in results:
         name, m = r["workload"], r["machine"]
@@ -201,33 +315,57 @@ def report(out_dir: Path) -> str:
             f"--flush-cache --warmup-requests 1`; servers: `--schedule-policy P --attention-backend B` "
             f"({server}); medians of {r['repeats']} runs per server. {m['cpu']}, {m['cores']} cores, "
             f"sglang {m['versions']['sglang']}, torch {m['versions']['torch']}, {r['date'][:10]}, "
-            f"commit `{(r['git']['commit'] or 'unknown')[:10]}`.\n\n{table(r['rows'])}\n")
+            f"commit `{(r['git']['commit'] or 'unknown')[:10]}`.\n\n{table(r['rows'])}\n"
+        )
     return "\n".join(parts)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="feather-bench-serving", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", help="model path or id, as for sglang.launch_server (required unless --report)")
-    p.add_argument("--workloads", default="memory-ample,memory-bound-cpu,no-sharing-cpu",
-                   help=f"comma-separated, from: {', '.join(WORKLOADS)} (default: %(default)s)")
+    p.add_argument(
+        "--model", help="model path or id, as for sglang.launch_server (required unless --report)"
+    )
+    p.add_argument(
+        "--workloads",
+        default="memory-ample,memory-bound-cpu,no-sharing-cpu",
+        help=f"comma-separated, from: {', '.join(WORKLOADS)} (default: %(default)s)",
+    )
     p.add_argument("--policies", default="fcfs,lpm,dfs-weight,feather", help="default: %(default)s")
     p.add_argument("--backends", default=",".join(BACKENDS), help="default: %(default)s")
-    p.add_argument("--repeats", type=int, default=2, help="bench_serving runs per server (default: 2)")
+    p.add_argument(
+        "--repeats", type=int, default=2, help="bench_serving runs per server (default: 2)"
+    )
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--server-args", default="", help="extra flags for every server, e.g. '--dtype float32'")
-    p.add_argument("--feather-args", default="", help="extra flags for feather's servers, e.g. '--feather-agent static'")
-    p.add_argument("--bench-args", default="", help="extra flags for bench_serving, e.g. '--request-rate 4'")
+    p.add_argument(
+        "--server-args", default="", help="extra flags for every server, e.g. '--dtype float32'"
+    )
+    p.add_argument(
+        "--feather-args",
+        default="",
+        help="extra flags for feather's servers, e.g. '--feather-agent static'",
+    )
+    p.add_argument(
+        "--bench-args", default="", help="extra flags for bench_serving, e.g. '--request-rate 4'"
+    )
     p.add_argument("--out-dir", default="results/bench_serving", help="default: %(default)s")
     p.add_argument("--quiet", action="store_true", help="hide bench_serving's own output")
-    p.add_argument("--report", action="store_true",
-                   help="run nothing: print the tables of the JSON already in --out-dir, as markdown")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="run nothing: print the tables of the JSON already in --out-dir, as markdown",
+    )
     args = p.parse_args(argv)
-    for field, allowed in (("workloads", WORKLOADS), ("policies", (*STOCK_POLICIES, "feather")),
-                           ("backends", BACKENDS)):
+    for field, allowed in (
+        ("workloads", WORKLOADS),
+        ("policies", (*STOCK_POLICIES, "feather")),
+        ("backends", BACKENDS),
+    ):
         values = [v for v in getattr(args, field).split(",") if v]
         bad = [v for v in values if v not in allowed]
         if bad or not values:
-            p.error(f"--{field}: {', '.join(bad) or 'empty'} not allowed; choose from {', '.join(allowed)}")
+            p.error(
+                f"--{field}: {', '.join(bad) or 'empty'} not allowed; choose from {', '.join(allowed)}"
+            )
         setattr(args, field, values)
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
@@ -245,17 +383,30 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     git = git_state()  # the code the servers run, as it is when they start
     for workload in args.workloads:
-        rows = [run_config(args.model, p, b, workload, args, out_dir) for b in args.backends for p in args.policies]
+        rows = [
+            run_config(args.model, p, b, workload, args, out_dir)
+            for b in args.backends
+            for p in args.policies
+        ]
         result = {
-            "workload": workload, "description": WORKLOADS[workload][0],
+            "workload": workload,
+            "description": WORKLOADS[workload][0],
             "bench_serving_args": list(WORKLOADS[workload][1]) + shlex.split(args.bench_args),
-            "model": args.model, "repeats": args.repeats, "seed": args.seed,
+            "model": args.model,
+            "repeats": args.repeats,
+            "seed": args.seed,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": describe(), "git": git, "summary": summarize(rows), "rows": rows,
+            "machine": describe(),
+            "git": git,
+            "summary": summarize(rows),
+            "rows": rows,
         }
         path = out_dir / f"{workload}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"\n## {workload}: {WORKLOADS[workload][0]}\n\n{table(rows)}\n\nwritten: {path}", flush=True)
+        print(
+            f"\n## {workload}: {WORKLOADS[workload][0]}\n\n{table(rows)}\n\nwritten: {path}",
+            flush=True,
+        )
     return 0
 
 

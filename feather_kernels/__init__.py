@@ -35,7 +35,10 @@ from feather_kernels.prefix_shared_extend_cpu import find_extend_groups, prefix_
 from feather_kernels.reference import decode_attention_reference, extend_attention_reference
 
 if TYPE_CHECKING:
-    from feather_kernels.prefix_shared_triton import prefix_shared_decode_triton, prefix_shared_extend_triton
+    from feather_kernels.prefix_shared_triton import (
+        prefix_shared_decode_triton,
+        prefix_shared_extend_triton,
+    )
 
 __all__ = [
     "DecodePlan",

@@ -26,7 +26,7 @@ IMPL_ENV = "FEATHER_ATTENTION_IMPL"
 
 
 def decode_impl(device: torch.device) -> str:
-    """"triton" or "torch": which decode implementation runs on ``device``."""
+    """ "triton" or "torch": which decode implementation runs on ``device``."""
     forced = os.environ.get(IMPL_ENV, "").strip().lower()
     if forced not in ("", "triton", "torch"):
         raise ValueError(f"{IMPL_ENV}={forced!r}: allowed values are 'triton', 'torch' or unset")
@@ -42,13 +42,30 @@ class TritonDecode:
     plan: Optional[object] = None
 
     def run(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale):
-        from feather_kernels.prefix_shared_triton import plan_decode_triton, prefix_shared_decode_triton
+        from feather_kernels.prefix_shared_triton import (
+            plan_decode_triton,
+            prefix_shared_decode_triton,
+        )
 
         if self.plan is None:
-            self.plan = plan_decode_triton(req_to_token, req_pool_indices, seq_lens,
-                                           query.shape[1] // k_cache.shape[1], self.groups)
-        return prefix_shared_decode_triton(query, k_cache, v_cache, req_to_token, req_pool_indices,
-                                           seq_lens, scale, out=output, plan=self.plan)
+            self.plan = plan_decode_triton(
+                req_to_token,
+                req_pool_indices,
+                seq_lens,
+                query.shape[1] // k_cache.shape[1],
+                self.groups,
+            )
+        return prefix_shared_decode_triton(
+            query,
+            k_cache,
+            v_cache,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            scale,
+            out=output,
+            plan=self.plan,
+        )
 
 
 def plan_decode_batch(req_to_token, req_pool_indices, seq_lens):
@@ -61,12 +78,25 @@ def plan_decode_batch(req_to_token, req_pool_indices, seq_lens):
     return plan if plan.prefix else None
 
 
-def run_decode(plan, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale):
+def run_decode(
+    plan, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale
+):
     """One layer's decode attention into ``output`` with a plan from :func:`plan_decode_batch`."""
     if isinstance(plan, TritonDecode):
-        return plan.run(query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale)
-    return prefix_shared_decode(query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-                                scale, out=output, plan=plan)
+        return plan.run(
+            query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale
+        )
+    return prefix_shared_decode(
+        query,
+        k_cache,
+        v_cache,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        scale,
+        out=output,
+        plan=plan,
+    )
 
 
 @dataclass
@@ -77,17 +107,46 @@ class TritonExtend:
     groups: list[PrefixGroup]
     plan: Optional[object] = None
 
-    def run(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-            extend_prefix_lens, extend_seq_lens, scale):
-        from feather_kernels.prefix_shared_triton import plan_extend_triton, prefix_shared_extend_triton
+    def run(
+        self,
+        query,
+        output,
+        k_cache,
+        v_cache,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        extend_prefix_lens,
+        extend_seq_lens,
+        scale,
+    ):
+        from feather_kernels.prefix_shared_triton import (
+            plan_extend_triton,
+            prefix_shared_extend_triton,
+        )
 
         if self.plan is None:
-            self.plan = plan_extend_triton(req_to_token, req_pool_indices, extend_prefix_lens,
-                                           extend_seq_lens, query.shape[1] // k_cache.shape[1],
-                                           self.groups)
-        return prefix_shared_extend_triton(query, k_cache, v_cache, req_to_token, req_pool_indices,
-                                           seq_lens, extend_prefix_lens, extend_seq_lens, scale,
-                                           out=output, plan=self.plan)
+            self.plan = plan_extend_triton(
+                req_to_token,
+                req_pool_indices,
+                extend_prefix_lens,
+                extend_seq_lens,
+                query.shape[1] // k_cache.shape[1],
+                self.groups,
+            )
+        return prefix_shared_extend_triton(
+            query,
+            k_cache,
+            v_cache,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            extend_prefix_lens,
+            extend_seq_lens,
+            scale,
+            out=output,
+            plan=self.plan,
+        )
 
 
 def plan_extend_batch(req_to_token, req_pool_indices, extend_prefix_lens, extend_seq_lens):
@@ -99,11 +158,43 @@ def plan_extend_batch(req_to_token, req_pool_indices, extend_prefix_lens, extend
     return TritonExtend(groups) if decode_impl(req_to_token.device) == "triton" else groups
 
 
-def run_extend(plan, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-               extend_prefix_lens, extend_seq_lens, scale):
+def run_extend(
+    plan,
+    query,
+    output,
+    k_cache,
+    v_cache,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    extend_prefix_lens,
+    extend_seq_lens,
+    scale,
+):
     """One layer's extend attention into ``output`` with a plan from :func:`plan_extend_batch`."""
     if isinstance(plan, TritonExtend):
-        return plan.run(query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-                        extend_prefix_lens, extend_seq_lens, scale)
-    return prefix_shared_extend(query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-                                extend_prefix_lens, extend_seq_lens, scale, groups=plan, out=output)
+        return plan.run(
+            query,
+            output,
+            k_cache,
+            v_cache,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            extend_prefix_lens,
+            extend_seq_lens,
+            scale,
+        )
+    return prefix_shared_extend(
+        query,
+        k_cache,
+        v_cache,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        extend_prefix_lens,
+        extend_seq_lens,
+        scale,
+        groups=plan,
+        out=output,
+    )

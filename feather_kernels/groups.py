@@ -114,8 +114,13 @@ def find_prefix_groups(
                 groups.append(PrefixGroup(idx, p))
             else:
                 found, _, loners = _split_deeper(
-                    req_to_token, rpi, seq_lens, idx, p,
-                    _SPLIT_MAX_READS if split_max_reads is None else split_max_reads)
+                    req_to_token,
+                    rpi,
+                    seq_lens,
+                    idx,
+                    p,
+                    _SPLIT_MAX_READS if split_max_reads is None else split_max_reads,
+                )
                 groups += found
                 leftovers += loners
         else:
@@ -125,8 +130,13 @@ def find_prefix_groups(
     return groups
 
 
-def _common_lens(req_to_token: torch.Tensor, rows: torch.Tensor, gid: torch.Tensor,
-                 lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+def _common_lens(
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    gid: torch.Tensor,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+) -> torch.Tensor:
     """Per group ``g`` (``gid[i]``: the group of pool row ``rows[i]``), the largest ``m`` in
     ``[lo[g], hi[g]]`` such that its rows share their first ``m`` slots, given that they share
     the first ``lo[g]``: a binary search, all groups at once, ONE ``req_to_token`` column per
@@ -150,7 +160,7 @@ def _common_lens(req_to_token: torch.Tensor, rows: torch.Tensor, gid: torch.Tens
 
 # NOTE: a split must at least halve the KV reads: fewer queries per group make the attention
 # op less efficient, so a small cut in reads need not pay. Measured on one layer's step
-# (scripts/bench_attention.py --split, which also times the split at any saving): splits that
+# (python -m feather_bench.attention --split, which also times the split at any saving): splits that
 # cut the reads to 0.30-0.32 of one group's ran 1.4x-1.6x faster; one that cut them to 0.69 ran
 # 0.84x-1.07x over 6 runs, no gain, so it is not taken.
 _SPLIT_MAX_READS = 0.5
@@ -175,8 +185,11 @@ def _split_deeper(req_to_token, rpi, seq_lens, idx, p, max_reads):
     if int(deeper.sum()) < 2:
         return whole
     col = min(p, req_to_token.shape[1] - 1)
-    key = torch.where(deeper, req_to_token[rpi[idx], col].long(),
-                      -1 - torch.arange(idx.shape[0], device=idx.device))
+    key = torch.where(
+        deeper,
+        req_to_token[rpi[idx], col].long(),
+        -1 - torch.arange(idx.shape[0], device=idx.device),
+    )
     _, inv, counts = torch.unique(key, return_inverse=True, return_counts=True)
     in_sub = counts[inv] >= 2  # key < 0 is unique, so never in a subset
     if not bool(in_sub.any()):
@@ -184,8 +197,9 @@ def _split_deeper(req_to_token, rpi, seq_lens, idx, p, max_reads):
     # The subsets' common lengths, all at once.
     sub_gid = torch.unique(inv[in_sub], return_inverse=True)[1]
     members = idx[in_sub]
-    hi = torch.full((int(sub_gid.max()) + 1,), torch.iinfo(torch.long).max, dtype=torch.long,
-                    device=idx.device).scatter_reduce(0, sub_gid, seq_lens[members], reduce="amin")
+    hi = torch.full(
+        (int(sub_gid.max()) + 1,), torch.iinfo(torch.long).max, dtype=torch.long, device=idx.device
+    ).scatter_reduce(0, sub_gid, seq_lens[members], reduce="amin")
     depth = _common_lens(req_to_token, rpi[members], sub_gid, torch.full_like(hi, p + 1), hi)
     groups, reads, loners = [], 0, []
     for k, q in enumerate(depth.tolist()):

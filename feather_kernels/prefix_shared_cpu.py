@@ -81,8 +81,9 @@ def prefix_dtype(kv_dtype: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
-def _gather_heads_first(buffer: torch.Tensor, slots: torch.Tensor,
-                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def _gather_heads_first(
+    buffer: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """``buffer[slots]`` as a ``dtype`` ``[H, P, D]`` view (strided: rows stay ``[P, H, D]``).
 
     NOTE: index_select is ~3-10x faster than advanced indexing for this gather on CPU, and a
@@ -93,11 +94,16 @@ def _gather_heads_first(buffer: torch.Tensor, slots: torch.Tensor,
 
 def mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool mask (True = attend) as the additive mask the fused op takes: 0 or -inf."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf")
+    )
 
 
 def attend_with_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
     scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Many queries against one key set, batched over KV heads.
@@ -112,8 +118,9 @@ def attend_with_lse(
         mask = mask_bias(mask, q.dtype)
     if _FLASH_CPU is not None and q.device.type == "cpu" and k.shape[-1] == v.shape[-1]:
         bias = None if mask is None else mask[None, None]
-        o, lse = _FLASH_CPU(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=bias,
-                            scale=scale)[:2]
+        o, lse = _FLASH_CPU(
+            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=bias, scale=scale
+        )[:2]
         return o[0], lse[0]
     scores = torch.matmul(q, k.transpose(1, 2))  # [Hkv, M, P]
     if scale != 1.0:
@@ -240,8 +247,11 @@ def _plan_part(req_to_token, rpi, seq_lens, idx, prefix_len, slots, B) -> _Part:
         cols = (prefix_len + ar).clamp(max=req_to_token.shape[1] - 1)
         sl = req_to_token[rpi[idx[pos], None], cols[None, :]].long()  # [N, width]
         everyone = pos.shape[0] == G  # nonzero is sorted: all members, in order
-        buckets.append(_SuffixBucket(None if everyone else pos, idx[pos], sl,
-                                     None if bool(valid.all()) else ~valid))
+        buckets.append(
+            _SuffixBucket(
+                None if everyone else pos, idx[pos], sl, None if bool(valid.all()) else ~valid
+            )
+        )
     empty = torch.nonzero(~nonempty).flatten()
     whole = G == B and bool((idx == torch.arange(B, device=idx.device)).all())
     runs, rest = _split_runs(slots) if slots is not None else ((), None)
@@ -301,8 +311,9 @@ def _suffix_rows(plan: DecodePlan, part_i: int, bucket_i: int, Hkv: int) -> torc
     return rows
 
 
-def _scratch(plan: DecodePlan, name: str, shape: tuple[int, ...], dtype: torch.dtype,
-             device: torch.device) -> torch.Tensor:
+def _scratch(
+    plan: DecodePlan, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """A reusable buffer of the plan: the same memory for every layer of the forward batch.
 
     NOTE: the gathered K/V copies are megabytes; allocated per call, glibc hands such blocks
@@ -320,21 +331,29 @@ def _scratch(plan: DecodePlan, name: str, shape: tuple[int, ...], dtype: torch.d
     return buf[:n].view(shape)
 
 
-def _gather(plan: DecodePlan, name: str, src: torch.Tensor, index: torch.Tensor,
-            dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def _gather(
+    plan: DecodePlan,
+    name: str,
+    src: torch.Tensor,
+    index: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """``src.index_select(0, index)`` as ``dtype`` (float32 or ``src.dtype``), into the plan's
     scratch buffers."""
     shape = (index.shape[0],) + tuple(src.shape[1:])
     if src.dtype == dtype:
-        return torch.index_select(src, 0, index,
-                                  out=_scratch(plan, name, shape, src.dtype, src.device))
-    raw = torch.index_select(src, 0, index,
-                             out=_scratch(plan, name + "_raw", shape, src.dtype, src.device))
+        return torch.index_select(
+            src, 0, index, out=_scratch(plan, name, shape, src.dtype, src.device)
+        )
+    raw = torch.index_select(
+        src, 0, index, out=_scratch(plan, name + "_raw", shape, src.dtype, src.device)
+    )
     return _scratch(plan, name, shape, torch.float32, src.device).copy_(raw)
 
 
-def _gather_suffix(plan: DecodePlan, name: str, buffer: torch.Tensor, rows: torch.Tensor,
-                   batch: int) -> torch.Tensor:
+def _gather_suffix(
+    plan: DecodePlan, name: str, buffer: torch.Tensor, rows: torch.Tensor, batch: int
+) -> torch.Tensor:
     """The rows (from :func:`_suffix_rows`) of ``buffer`` ``[S, Hkv, D]`` as float32
     ``[batch, -1, D]``, ``batch`` = N * Hkv."""
     S, Hkv, D = buffer.shape
@@ -345,8 +364,13 @@ def _gather_suffix(plan: DecodePlan, name: str, buffer: torch.Tensor, rows: torc
 
 
 def _suffix_and_merge(
-    qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, invalid: torch.Tensor | None,
-    scale: float, o_pre: torch.Tensor | None, lse_pre: torch.Tensor | None,
+    qs: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    invalid: torch.Tensor | None,
+    scale: float,
+    o_pre: torch.Tensor | None,
+    lse_pre: torch.Tensor | None,
 ) -> torch.Tensor:
     """Each request's own suffix, merged with its prefix part if given; float32.
 
@@ -367,11 +391,15 @@ def _suffix_and_merge(
     N, Hkv, grp, D = qs.shape
     Wx, Dv = k.shape[1], v.shape[2]
     W = Wx - (0 if o_pre is None else 1)
-    scores = torch.baddbmm(qs.new_empty(()).expand(N * Hkv, grp, Wx),
-                           qs.reshape(N * Hkv, grp, D), k.transpose(1, 2), beta=0.0, alpha=scale)
+    scores = torch.baddbmm(
+        qs.new_empty(()).expand(N * Hkv, grp, Wx),
+        qs.reshape(N * Hkv, grp, D),
+        k.transpose(1, 2),
+        beta=0.0,
+        alpha=scale,
+    )
     if invalid is not None:
-        scores[:, :, :W].view(N, Hkv, grp, W).masked_fill_(invalid[:, None, None, :],
-                                                          float("-inf"))
+        scores[:, :, :W].view(N, Hkv, grp, W).masked_fill_(invalid[:, None, None, :], float("-inf"))
     if o_pre is None:
         return torch.bmm(torch.softmax(scores, dim=-1), v).view(N, Hkv, grp, Dv)
     scores[:, :, W].view(N, Hkv, grp).copy_(lse_pre)
@@ -382,20 +410,25 @@ def _suffix_and_merge(
     return o
 
 
-def _run_view(plan: DecodePlan, name: str, buffer: torch.Tensor, first: int,
-              length: int) -> torch.Tensor:
+def _run_view(
+    plan: DecodePlan, name: str, buffer: torch.Tensor, first: int, length: int
+) -> torch.Tensor:
     """Slots ``[first, first + length)`` of ``buffer`` ``[S, Hkv, D]`` as ``[Hkv, length, D]``
     in :func:`prefix_dtype`: a view where that is the buffer's dtype, else converted into the
     plan's scratch."""
-    rows = buffer[first: first + length]
+    rows = buffer[first : first + length]
     if buffer.dtype != prefix_dtype(buffer.dtype):
         rows = _scratch(plan, name, tuple(rows.shape), torch.float32, rows.device).copy_(rows)
     return rows.transpose(0, 1)
 
 
 def _attend_group_prefix(
-    plan: DecodePlan, part: _Part, q: torch.Tensor, k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor, scale: float,
+    plan: DecodePlan,
+    part: _Part,
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` ``[Hkv, M, D]`` (in :func:`prefix_dtype` of the buffers) against a group's prefix:
     ``o`` ``[Hkv, M, Dv]`` float32 and ``lse`` ``[Hkv, M]``. Its runs of consecutive slots are
@@ -407,13 +440,24 @@ def _attend_group_prefix(
         v = _gather(plan, "v_pre", v_buffer, part.slots, dt).transpose(0, 1)  # [Hkv, P, Dv]
         o, lse = attend_with_lse(q, k, v, scale=scale)
         return o.float(), lse
-    pieces = [attend_with_lse(q, _run_view(plan, "k_run", k_buffer, a, n),
-                              _run_view(plan, "v_run", v_buffer, a, n), scale=scale)
-              for a, n in part.runs]
+    pieces = [
+        attend_with_lse(
+            q,
+            _run_view(plan, "k_run", k_buffer, a, n),
+            _run_view(plan, "v_run", v_buffer, a, n),
+            scale=scale,
+        )
+        for a, n in part.runs
+    ]
     if part.rest is not None:
-        pieces.append(attend_with_lse(q, _gather(plan, "k_pre", k_buffer, part.rest, dt).transpose(0, 1),
-                                      _gather(plan, "v_pre", v_buffer, part.rest, dt).transpose(0, 1),
-                                      scale=scale))
+        pieces.append(
+            attend_with_lse(
+                q,
+                _gather(plan, "k_pre", k_buffer, part.rest, dt).transpose(0, 1),
+                _gather(plan, "v_pre", v_buffer, part.rest, dt).transpose(0, 1),
+                scale=scale,
+            )
+        )
     if len(pieces) == 1:
         return pieces[0][0].float(), pieces[0][1]
     # NOTE: not merge_state: every piece has keys, so no -inf to guard, and this runs per layer
@@ -478,27 +522,40 @@ def prefix_shared_decode(
             # all G*grp queries per KV head at once.
             qg = torch.empty(Hkv, G, grp, D, dtype=prefix_dtype(k_buffer.dtype), device=dev)
             qg.copy_(qp.transpose(0, 1))
-            o, lse = _attend_group_prefix(plan, part, qg.view(Hkv, G * grp, D), k_buffer,
-                                          v_buffer, scale)
+            o, lse = _attend_group_prefix(
+                plan, part, qg.view(Hkv, G * grp, D), k_buffer, v_buffer, scale
+            )
             o_pre = o.view(Hkv, G, grp, Dv).transpose(0, 1)  # [G, Hkv, grp, Dv]
             lse_pre = lse.view(Hkv, G, grp).transpose(0, 1)  # [G, Hkv, grp]
         if len(part.buckets) == 1 and part.buckets[0].pos is None:  # the common case
             rows = _suffix_rows(plan, i, 0, Hkv)
             o_part = _suffix_and_merge(
-                qp, _gather_suffix(plan, "k_suf", k_buffer, rows, G * Hkv),
+                qp,
+                _gather_suffix(plan, "k_suf", k_buffer, rows, G * Hkv),
                 _gather_suffix(plan, "v_suf", v_buffer, rows, G * Hkv),
-                part.buckets[0].invalid, scale, o_pre, lse_pre)
+                part.buckets[0].invalid,
+                scale,
+                o_pre,
+                lse_pre,
+            )
         else:
             o_part = torch.empty(G, Hkv, grp, Dv, dtype=f32, device=dev)
             for j, b in enumerate(part.buckets):
                 rows = _suffix_rows(plan, i, j, Hkv)
                 N = b.pos.shape[0]
-                o_part.index_copy_(0, b.pos, _suffix_and_merge(
-                    qp.index_select(0, b.pos),
-                    _gather_suffix(plan, "k_suf", k_buffer, rows, N * Hkv),
-                    _gather_suffix(plan, "v_suf", v_buffer, rows, N * Hkv), b.invalid, scale,
-                    None if o_pre is None else o_pre.index_select(0, b.pos),
-                    None if lse_pre is None else lse_pre.index_select(0, b.pos)))
+                o_part.index_copy_(
+                    0,
+                    b.pos,
+                    _suffix_and_merge(
+                        qp.index_select(0, b.pos),
+                        _gather_suffix(plan, "k_suf", k_buffer, rows, N * Hkv),
+                        _gather_suffix(plan, "v_suf", v_buffer, rows, N * Hkv),
+                        b.invalid,
+                        scale,
+                        None if o_pre is None else o_pre.index_select(0, b.pos),
+                        None if lse_pre is None else lse_pre.index_select(0, b.pos),
+                    ),
+                )
             if part.empty is not None and o_pre is not None:  # the prefix part alone
                 o_part.index_copy_(0, part.empty, o_pre.index_select(0, part.empty))
             elif part.empty is not None:  # no keys at all (seq_len 0): zeros, as before

@@ -19,8 +19,12 @@ from __future__ import annotations
 import torch
 
 from feather_kernels.groups import PrefixGroup, find_prefix_groups
-from feather_kernels.prefix_shared_cpu import (_gather_heads_first, attend_with_lse, mask_bias,
-                                               prefix_dtype)
+from feather_kernels.prefix_shared_cpu import (
+    _gather_heads_first,
+    attend_with_lse,
+    mask_bias,
+    prefix_dtype,
+)
 
 
 def find_extend_groups(
@@ -108,16 +112,18 @@ def prefix_shared_extend(
         slots = req_to_token[rpi[b], P:n].long()
         k = _gather_heads_first(k_buffer, slots, dt)  # [Hkv, n - P, D]
         v = _gather_heads_first(v_buffer, slots, dt)
-        qb = qs[t0: t0 + e].permute(1, 0, 2, 3).reshape(Hkv, e * grp, D)
+        qb = qs[t0 : t0 + e].permute(1, 0, 2, 3).reshape(Hkv, e * grp, D)
         key = (e, n - P, pre_l[b] - P)
         bias = masks.get(key)
         if bias is None:
             token = torch.arange(e * grp, device=q.device) // grp
-            allowed = torch.arange(n - P, device=q.device)[None, :] <= (pre_l[b] - P + token)[:, None]
+            allowed = (
+                torch.arange(n - P, device=q.device)[None, :] <= (pre_l[b] - P + token)[:, None]
+            )
             bias = masks[key] = mask_bias(allowed, dt)
         o, lse = attend_with_lse(qb, k, v, bias, scale)
-        res[t0: t0 + e] = o.view(Hkv, e, grp, Dv).permute(1, 0, 2, 3)
-        own_lse[t0: t0 + e] = lse.view(Hkv, e, grp).permute(1, 0, 2)
+        res[t0 : t0 + e] = o.view(Hkv, e, grp, Dv).permute(1, 0, 2, 3)
+        own_lse[t0 : t0 + e] = lse.view(Hkv, e, grp).permute(1, 0, 2)
 
     # Prefix parts: all the group's new tokens against its P shared keys, then merge.
     for g in groups:
@@ -144,7 +150,8 @@ def prefix_shared_extend(
         total = torch.logaddexp(lse, own)  # both finite: each token sees >= 1 own key (itself)
         mine = res[rows]  # a view for a slice, a copy for an index
         mine.mul_(torch.exp(own - total).unsqueeze(-1)).addcmul_(
-            o, torch.exp(lse - total).unsqueeze(-1))
+            o, torch.exp(lse - total).unsqueeze(-1)
+        )
         if not isinstance(rows, slice):
             res[rows] = mine
 

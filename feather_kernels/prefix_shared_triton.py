@@ -46,22 +46,50 @@ _OWN_FIELDS = 2  # first query, number of queries (consecutive, on one req_to_to
 @triton.jit
 def _attend_tile(
     # pointers
-    Q, K, V, ReqToToken, OPart, LsePart,
+    Q,
+    K,
+    V,
+    ReqToToken,
+    OPart,
+    LsePart,
     # this tile: per-row batch index / query head / validity / key end, and the key range
-    b, head, row_ok, row_kv_end, kvh, pool_row, kv_start, kv_end, part,
+    b,
+    head,
+    row_ok,
+    row_kv_end,
+    kvh,
+    pool_row,
+    kv_start,
+    kv_end,
+    part,
     # sizes
     scale_log2,
     # strides
-    stride_qb, stride_qh, stride_qd,
-    stride_ks, stride_kh, stride_kd,
-    stride_vs, stride_vh, stride_vd,
-    stride_rr, stride_rl,
-    stride_op, stride_ob, stride_oh, stride_od,
-    stride_lp, stride_lb, stride_lh,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_rr,
+    stride_rl,
+    stride_op,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    stride_lp,
+    stride_lb,
+    stride_lh,
     # meta
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     """Online-softmax attention of BLOCK_M query rows over keys [kv_start, kv_end) of row
@@ -75,7 +103,8 @@ def _attend_tile(
     b64 = b.to(tl.int64)
     q = tl.load(
         Q + b64[:, None] * stride_qb + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-        mask=row_ok[:, None] & d_ok[None, :], other=0.0,
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
     )
     if DOT_FP32:
         q = q.to(tl.float32)
@@ -89,11 +118,13 @@ def _attend_tile(
         slots = tl.load(r2t_row + cols * stride_rl, mask=col_ok, other=0).to(tl.int64)
         k = tl.load(
             K + slots[None, :] * stride_ks + kvh * stride_kh + offs_d[:, None] * stride_kd,
-            mask=col_ok[None, :] & d_ok[:, None], other=0.0,
+            mask=col_ok[None, :] & d_ok[:, None],
+            other=0.0,
         )  # [BLOCK_D, BLOCK_N]
         v = tl.load(
             V + slots[:, None] * stride_vs + kvh * stride_vh + offs_dv[None, :] * stride_vd,
-            mask=col_ok[:, None] & dv_ok[None, :], other=0.0,
+            mask=col_ok[:, None] & dv_ok[None, :],
+            other=0.0,
         )  # [BLOCK_N, BLOCK_DV]
         if DOT_FP32:
             k = k.to(tl.float32)
@@ -117,9 +148,13 @@ def _attend_tile(
     o = acc / l_safe[:, None]
     lse = tl.where(nonempty, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     tl.store(
-        OPart + part * stride_op + b64[:, None] * stride_ob + head[:, None] * stride_oh
+        OPart
+        + part * stride_op
+        + b64[:, None] * stride_ob
+        + head[:, None] * stride_oh
         + offs_dv[None, :] * stride_od,
-        o, mask=row_ok[:, None] & dv_ok[None, :],
+        o,
+        mask=row_ok[:, None] & dv_ok[None, :],
     )
     tl.store(LsePart + part * stride_lp + b64 * stride_lb + head * stride_lh, lse, mask=row_ok)
 
@@ -127,22 +162,51 @@ def _attend_tile(
 @triton.jit
 def _prefix_shared_fwd(
     # pointers: inputs
-    Q, K, V, ReqToToken, ReqPoolIdx, SeqLens, PrefixLens, Members, Tiles, OwnTiles,
+    Q,
+    K,
+    V,
+    ReqToToken,
+    ReqPoolIdx,
+    SeqLens,
+    PrefixLens,
+    Members,
+    Tiles,
+    OwnTiles,
     # pointers: outputs
-    OPart, LsePart,
+    OPart,
+    LsePart,
     # sizes
-    n_prefix_tiles, scale_log2,
+    n_prefix_tiles,
+    scale_log2,
     # strides
-    stride_qb, stride_qh, stride_qd,
-    stride_ks, stride_kh, stride_kd,
-    stride_vs, stride_vh, stride_vd,
-    stride_rr, stride_rl,
-    stride_op, stride_ob, stride_oh, stride_od,
-    stride_lp, stride_lb, stride_lh,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_rr,
+    stride_rl,
+    stride_op,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    stride_lp,
+    stride_lb,
+    stride_lh,
     # meta
-    GQA_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_M_PREFIX: tl.constexpr, BLOCK_M_SUFFIX: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr,
+    GQA_GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_M_PREFIX: tl.constexpr,
+    BLOCK_M_SUFFIX: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -162,14 +226,47 @@ def _prefix_shared_fwd(
         b = tl.load(Members + member_start + member, mask=row_ok, other=0)
         head = kvh * GQA_GROUP + rows % GQA_GROUP
         _attend_tile(
-            Q, K, V, ReqToToken, OPart, LsePart,
-            b, head, row_ok, tl.zeros([BLOCK_M_PREFIX], dtype=tl.int32) + kv_end, kvh, pool_row,
-            kv_start, kv_end, part,
+            Q,
+            K,
+            V,
+            ReqToToken,
+            OPart,
+            LsePart,
+            b,
+            head,
+            row_ok,
+            tl.zeros([BLOCK_M_PREFIX], dtype=tl.int32) + kv_end,
+            kvh,
+            pool_row,
+            kv_start,
+            kv_end,
+            part,
             scale_log2,
-            stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd,
-            stride_vs, stride_vh, stride_vd, stride_rr, stride_rl,
-            stride_op, stride_ob, stride_oh, stride_od, stride_lp, stride_lb, stride_lh,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_M_PREFIX, BLOCK_N, BLOCK_D, BLOCK_DV, DOT_FP32,
+            stride_qb,
+            stride_qh,
+            stride_qd,
+            stride_ks,
+            stride_kh,
+            stride_kd,
+            stride_vs,
+            stride_vh,
+            stride_vd,
+            stride_rr,
+            stride_rl,
+            stride_op,
+            stride_ob,
+            stride_oh,
+            stride_od,
+            stride_lp,
+            stride_lb,
+            stride_lh,
+            HEAD_DIM,
+            HEAD_DIM_V,
+            BLOCK_M_PREFIX,
+            BLOCK_N,
+            BLOCK_D,
+            BLOCK_DV,
+            DOT_FP32,
         )
     else:
         # own keys of a run of queries on one req_to_token row (decode: one request's suffix;
@@ -186,28 +283,74 @@ def _prefix_shared_fwd(
         row_kv_end = tl.load(SeqLens + b, mask=row_ok, other=0)
         kv_end = tl.max(row_kv_end, 0)
         _attend_tile(
-            Q, K, V, ReqToToken, OPart, LsePart,
-            b, head, row_ok, row_kv_end, kvh, pool_row, kv_start, kv_end, 0,
+            Q,
+            K,
+            V,
+            ReqToToken,
+            OPart,
+            LsePart,
+            b,
+            head,
+            row_ok,
+            row_kv_end,
+            kvh,
+            pool_row,
+            kv_start,
+            kv_end,
+            0,
             scale_log2,
-            stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd,
-            stride_vs, stride_vh, stride_vd, stride_rr, stride_rl,
-            stride_op, stride_ob, stride_oh, stride_od, stride_lp, stride_lb, stride_lh,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_M_SUFFIX, BLOCK_N, BLOCK_D, BLOCK_DV, DOT_FP32,
+            stride_qb,
+            stride_qh,
+            stride_qd,
+            stride_ks,
+            stride_kh,
+            stride_kd,
+            stride_vs,
+            stride_vh,
+            stride_vd,
+            stride_rr,
+            stride_rl,
+            stride_op,
+            stride_ob,
+            stride_oh,
+            stride_od,
+            stride_lp,
+            stride_lb,
+            stride_lh,
+            HEAD_DIM,
+            HEAD_DIM_V,
+            BLOCK_M_SUFFIX,
+            BLOCK_N,
+            BLOCK_D,
+            BLOCK_DV,
+            DOT_FP32,
         )
 
 
 @triton.jit
 def _merge_parts(
     # pointers
-    OPart, LsePart, Out,
+    OPart,
+    LsePart,
+    Out,
     # sizes
-    n_parts, num_heads,
+    n_parts,
+    num_heads,
     # strides
-    stride_op, stride_ob, stride_oh, stride_od,
-    stride_lp, stride_lb, stride_lh,
-    stride_outb, stride_outh, stride_outd,
+    stride_op,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    stride_lp,
+    stride_lb,
+    stride_lh,
+    stride_outb,
+    stride_outh,
+    stride_outd,
     # meta
-    HEAD_DIM_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):
     """Out[b] = log-sum-exp merge of o_part[:, b] (all heads of one request per program)."""
     b = tl.program_id(0).to(tl.int64)
@@ -216,24 +359,37 @@ def _merge_parts(
     h_ok = offs_h < num_heads
     mask = h_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V)
     m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([BLOCK_H], dtype=tl.float32)
+    l = tl.zeros([BLOCK_H], dtype=tl.float32)  # noqa: E741 (the softmax denominator's usual name)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     for p in range(0, n_parts):
-        lse = tl.load(LsePart + p * stride_lp + b * stride_lb + offs_h * stride_lh,
-                      mask=h_ok, other=float("-inf"))
-        o = tl.load(OPart + p * stride_op + b * stride_ob + offs_h[:, None] * stride_oh
-                    + offs_dv[None, :] * stride_od, mask=mask, other=0.0)
+        lse = tl.load(
+            LsePart + p * stride_lp + b * stride_lb + offs_h * stride_lh,
+            mask=h_ok,
+            other=float("-inf"),
+        )
+        o = tl.load(
+            OPart
+            + p * stride_op
+            + b * stride_ob
+            + offs_h[:, None] * stride_oh
+            + offs_dv[None, :] * stride_od,
+            mask=mask,
+            other=0.0,
+        )
         m_new = tl.maximum(m, lse)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - m_safe)
         w = tl.exp(lse - m_safe)
         o = tl.where(w[:, None] > 0, o, 0.0)  # an empty part's o is never read as NaN
         acc = acc * alpha[:, None] + o * w[:, None]
-        l = l * alpha + w
+        l = l * alpha + w  # noqa: E741
         m = m_new
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
-    tl.store(Out + b * stride_outb + offs_h[:, None] * stride_outh + offs_dv[None, :] * stride_outd,
-             out.to(Out.dtype.element_ty), mask=mask)
+    tl.store(
+        Out + b * stride_outb + offs_h[:, None] * stride_outh + offs_dv[None, :] * stride_outd,
+        out.to(Out.dtype.element_ty),
+        mask=mask,
+    )
 
 
 def _interpreting() -> bool:
@@ -314,17 +470,26 @@ def plan_decode_triton(
                 tiles.append([member_start, G, row_start, kv_start, kv_end, pool_row, 1 + i])
         member_start += G
     members_t = torch.cat(members) if members else torch.zeros(1, dtype=torch.int32)
-    tiles_t = (torch.tensor(tiles, dtype=torch.int32) if tiles
-               else torch.zeros(1, _TILE_FIELDS, dtype=torch.int32))
+    tiles_t = (
+        torch.tensor(tiles, dtype=torch.int32)
+        if tiles
+        else torch.zeros(1, _TILE_FIELDS, dtype=torch.int32)
+    )
     if own_runs is None:  # decode: each request its own tile
         own = torch.stack([torch.arange(B, dtype=torch.int32), torch.ones(B, dtype=torch.int32)], 1)
     else:
         own = torch.tensor(own_runs, dtype=torch.int32).reshape(-1, _OWN_FIELDS)
     return TritonPlan(
-        batch_size=B, gqa_group=gqa_group, members=members_t.to(device),
-        tiles=tiles_t.reshape(-1, _TILE_FIELDS).to(device), prefix_lens=prefix_lens.to(device),
-        req_pool_idx=req_pool_indices.to(torch.int32), seq_lens=seq_lens.to(torch.int32),
-        n_prefix_tiles=len(tiles), n_parts=1 + n_chunks_max, own_tiles=own.to(device),
+        batch_size=B,
+        gqa_group=gqa_group,
+        members=members_t.to(device),
+        tiles=tiles_t.reshape(-1, _TILE_FIELDS).to(device),
+        prefix_lens=prefix_lens.to(device),
+        req_pool_idx=req_pool_indices.to(torch.int32),
+        seq_lens=seq_lens.to(torch.int32),
+        n_prefix_tiles=len(tiles),
+        n_parts=1 + n_chunks_max,
+        own_tiles=own.to(device),
         n_own_tiles=int(own.shape[0]),
         block_m_own=block_m_own or max(16, triton.next_power_of_2(gqa_group)),
     )
@@ -368,8 +533,9 @@ def prefix_shared_decode_triton(
     assert Dk == D, f"k head dim {Dk} != q head dim {D}"
     assert v_buffer.shape[:2] == (S, Hkv), "v_buffer must be [S, Hkv, Dv] like k_buffer"
     assert Hq % Hkv == 0, f"Hq={Hq} must be a multiple of Hkv={Hkv}"
-    assert q.dtype in _SUPPORTED and k_buffer.dtype == q.dtype == v_buffer.dtype, (
-        f"q/k/v dtypes {q.dtype}/{k_buffer.dtype}/{v_buffer.dtype}: one of {_SUPPORTED}")
+    assert (
+        q.dtype in _SUPPORTED and k_buffer.dtype == q.dtype == v_buffer.dtype
+    ), f"q/k/v dtypes {q.dtype}/{k_buffer.dtype}/{v_buffer.dtype}: one of {_SUPPORTED}"
     assert req_to_token.dim() == 2 and req_to_token.dtype in (torch.int32, torch.int64)
     assert req_pool_indices.shape == (B,) and seq_lens.shape == (B,)
     devices = {t.device for t in (q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens)}
@@ -383,8 +549,9 @@ def prefix_shared_decode_triton(
     if B == 0:
         return out
     if plan is None:
-        plan = plan_decode_triton(req_to_token, req_pool_indices, seq_lens, grp, groups,
-                                  prefix_chunk)
+        plan = plan_decode_triton(
+            req_to_token, req_pool_indices, seq_lens, grp, groups, prefix_chunk
+        )
     assert plan.batch_size == B and plan.gqa_group == grp, "plan built for another batch"
     assert plan.tiles.device == device, "plan tensors must be on q's device"
     n_parts, n_prefix_tiles = plan.n_parts, plan.n_prefix_tiles
@@ -396,27 +563,67 @@ def prefix_shared_decode_triton(
     dot_fp32 = _interpreting() or q.dtype == torch.float32
     grid = (n_prefix_tiles + plan.n_own_tiles, Hkv)
     _prefix_shared_fwd[grid](
-        q, k_buffer, v_buffer, req_to_token, plan.req_pool_idx, plan.seq_lens, plan.prefix_lens,
-        plan.members, plan.tiles, plan.own_tiles,
-        o_part, lse_part,
-        n_prefix_tiles, scale * math.log2(math.e),
-        q.stride(0), q.stride(1), q.stride(2),
-        k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
-        v_buffer.stride(0), v_buffer.stride(1), v_buffer.stride(2),
-        req_to_token.stride(0), req_to_token.stride(1),
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3),
-        lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
-        GQA_GROUP=grp, HEAD_DIM=D, HEAD_DIM_V=Dv,
-        BLOCK_M_PREFIX=BLOCK_M_PREFIX, BLOCK_M_SUFFIX=plan.block_m_own,
-        BLOCK_N=BLOCK_N, BLOCK_D=block_d, BLOCK_DV=block_dv, DOT_FP32=dot_fp32,
+        q,
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        plan.req_pool_idx,
+        plan.seq_lens,
+        plan.prefix_lens,
+        plan.members,
+        plan.tiles,
+        plan.own_tiles,
+        o_part,
+        lse_part,
+        n_prefix_tiles,
+        scale * math.log2(math.e),
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        k_buffer.stride(2),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        v_buffer.stride(2),
+        req_to_token.stride(0),
+        req_to_token.stride(1),
+        o_part.stride(0),
+        o_part.stride(1),
+        o_part.stride(2),
+        o_part.stride(3),
+        lse_part.stride(0),
+        lse_part.stride(1),
+        lse_part.stride(2),
+        GQA_GROUP=grp,
+        HEAD_DIM=D,
+        HEAD_DIM_V=Dv,
+        BLOCK_M_PREFIX=BLOCK_M_PREFIX,
+        BLOCK_M_SUFFIX=plan.block_m_own,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=block_d,
+        BLOCK_DV=block_dv,
+        DOT_FP32=dot_fp32,
     )
     _merge_parts[(B,)](
-        o_part, lse_part, out,
-        n_parts, Hq,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3),
-        lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        HEAD_DIM_V=Dv, BLOCK_H=max(16, triton.next_power_of_2(Hq)), BLOCK_DV=block_dv,
+        o_part,
+        lse_part,
+        out,
+        n_parts,
+        Hq,
+        o_part.stride(0),
+        o_part.stride(1),
+        o_part.stride(2),
+        o_part.stride(3),
+        lse_part.stride(0),
+        lse_part.stride(1),
+        lse_part.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        HEAD_DIM_V=Dv,
+        BLOCK_H=max(16, triton.next_power_of_2(Hq)),
+        BLOCK_DV=block_dv,
     )
     return out
 
@@ -475,18 +682,32 @@ def plan_extend_triton(
         rows = torch.nonzero(torch.isin(batch_of_token, g.batch_indices.to(device))).flatten()
         if rows.numel() == 0:
             continue
-        (token_groups.append(PrefixGroup(rows, g.prefix_len)) if g.prefix_len > 0
-         else rest.append(rows))
+        (
+            token_groups.append(PrefixGroup(rows, g.prefix_len))
+            if g.prefix_len > 0
+            else rest.append(rows)
+        )
     if rest:
         token_groups.append(PrefixGroup(torch.sort(torch.cat(rest)).values, 0))
     # Own tiles: each request's tokens in runs of up to `per_tile`.
     block_m = max(BLOCK_M_OWN, triton.next_power_of_2(gqa_group))
     per_tile = block_m // gqa_group
-    own = [(f, min(per_tile, f0 + e - f))
-           for f0, e in zip(first.tolist(), ext.tolist()) for f in range(f0, f0 + e, per_tile)]
+    own = [
+        (f, min(per_tile, f0 + e - f))
+        for f0, e in zip(first.tolist(), ext.tolist())
+        for f in range(f0, f0 + e, per_tile)
+    ]
     longest = max([g.prefix_len for g in token_groups] + [1])
-    decode = plan_decode_triton(req_to_token, tok_rpi, tok_seq, gqa_group, token_groups,
-                                prefix_chunk=longest, own_runs=own, block_m_own=block_m)
+    decode = plan_decode_triton(
+        req_to_token,
+        tok_rpi,
+        tok_seq,
+        gqa_group,
+        token_groups,
+        prefix_chunk=longest,
+        own_runs=own,
+        block_m_own=block_m,
+    )
     return TritonExtendPlan(tok_rpi, tok_seq, decode)
 
 
@@ -525,8 +746,23 @@ def prefix_shared_extend_triton(
     if plan is None:
         if groups is None:
             groups = find_prefix_groups(req_to_token, req_pool_indices, extend_prefix_lens)
-        plan = plan_extend_triton(req_to_token, req_pool_indices, extend_prefix_lens,
-                                  extend_seq_lens, q.shape[1] // k_buffer.shape[1], groups)
+        plan = plan_extend_triton(
+            req_to_token,
+            req_pool_indices,
+            extend_prefix_lens,
+            extend_seq_lens,
+            q.shape[1] // k_buffer.shape[1],
+            groups,
+        )
     assert q.shape[0] == plan.seq_lens.shape[0], "q rows must be the batch's new tokens"
-    return prefix_shared_decode_triton(q, k_buffer, v_buffer, req_to_token, plan.req_pool_idx,
-                                       plan.seq_lens, scale, out=out, plan=plan.decode)
+    return prefix_shared_decode_triton(
+        q,
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        plan.req_pool_idx,
+        plan.seq_lens,
+        scale,
+        out=out,
+        plan=plan.decode,
+    )

@@ -99,10 +99,10 @@ def extend_attention_reference(
         slots = req_to_token[int(req_pool_indices[b]), :n].long()
         k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [n, Hq, D]
         v = v_buffer[slots].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("thd,nhd->htn", q[start: start + ext].float(), k) * scale
+        scores = torch.einsum("thd,nhd->htn", q[start : start + ext].float(), k) * scale
         pos = torch.arange(n, device=q.device)
         allowed = pos[None, :] <= (pre + pos[:ext])[:, None]  # [ext, n]
         scores = scores.masked_fill(~allowed, float("-inf"))
-        out[start: start + ext] = torch.einsum("htn,nhd->thd", torch.softmax(scores, -1), v)
+        out[start : start + ext] = torch.einsum("htn,nhd->thd", torch.softmax(scores, -1), v)
         start += ext
     return out.to(q.dtype)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 # Slot id layouts of make_decode_batch (see its docstring).
 LAYOUTS = ("scattered", "allocator")
 
@@ -38,8 +37,15 @@ class DecodeBatch:
 
     @property
     def args(self) -> tuple:
-        return (self.q, self.k_buffer, self.v_buffer, self.req_to_token,
-                self.req_pool_indices, self.seq_lens, self.scale)
+        return (
+            self.q,
+            self.k_buffer,
+            self.v_buffer,
+            self.req_to_token,
+            self.req_pool_indices,
+            self.seq_lens,
+            self.scale,
+        )
 
 
 def make_decode_batch(
@@ -80,8 +86,9 @@ def make_decode_batch(
     elif layout == "allocator":
         perm = _allocator_order(group_sizes, prefix_lens, suffix_lens, n_slots)
     else:
-        raise ValueError(f"layout={layout!r}: allowed values are "
-                         + " and ".join(repr(name) for name in LAYOUTS))
+        raise ValueError(
+            f"layout={layout!r}: allowed values are " + " and ".join(repr(name) for name in LAYOUTS)
+        )
     max_len = max(p for p in prefix_lens) + max(suffix_lens) + 8
     R = B + spare_rows
     req_to_token = torch.randint(0, n_slots, (R, max_len), generator=gen, dtype=torch.int32)
@@ -92,7 +99,7 @@ def make_decode_batch(
     groups: list[tuple[list[int], int]] = []
     used, r = 0, 0
     for size, P in zip(group_sizes, prefix_lens):
-        prefix = perm[used: used + P]
+        prefix = perm[used : used + P]
         used += P
         members = []
         for _ in range(size):
@@ -101,7 +108,7 @@ def make_decode_batch(
             assert P + n >= 1, "a decode request has at least one token"
             row = int(rows[r])
             req_to_token[row, :P] = prefix
-            req_to_token[row, P: P + n] = perm[used: used + n]
+            req_to_token[row, P : P + n] = perm[used : used + n]
             used += n
             seq_lens[b] = P + n
             req_pool_indices[b] = row
@@ -112,12 +119,14 @@ def make_decode_batch(
     k_buffer = torch.randn(n_slots, num_kv_heads, head_dim, generator=gen).to(dtype)
     v_buffer = torch.randn(n_slots, num_kv_heads, Dv, generator=gen).to(dtype)
     q = torch.randn(B, num_q_heads, head_dim, generator=gen).to(dtype)
-    return DecodeBatch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
-                       head_dim ** -0.5, groups)
+    return DecodeBatch(
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, head_dim**-0.5, groups
+    )
 
 
-def _allocator_order(group_sizes: list[int], prefix_lens: list[int], suffix_lens: list[int],
-                     n_slots: int) -> torch.Tensor:
+def _allocator_order(
+    group_sizes: list[int], prefix_lens: list[int], suffix_lens: list[int], n_slots: int
+) -> torch.Tensor:
     """Slot ids in the order :func:`make_decode_batch` consumes them (each group's prefix, then
     its members' own tokens, member by member) for the ``"allocator"`` layout."""
     prefixes, nxt = [], 1
@@ -135,7 +144,7 @@ def _allocator_order(group_sizes: list[int], prefix_lens: list[int], suffix_lens
     order, r = [], 0
     for size, prefix in zip(group_sizes, prefixes):
         order.append(prefix)
-        order += own[r: r + size]
+        order += own[r : r + size]
         r += size
     return torch.cat(order)
 
@@ -159,9 +168,17 @@ class ExtendBatch:
 
     @property
     def args(self) -> tuple:
-        return (self.q, self.k_buffer, self.v_buffer, self.req_to_token,
-                self.req_pool_indices, self.seq_lens, self.extend_prefix_lens,
-                self.extend_seq_lens, self.scale)
+        return (
+            self.q,
+            self.k_buffer,
+            self.v_buffer,
+            self.req_to_token,
+            self.req_pool_indices,
+            self.seq_lens,
+            self.extend_prefix_lens,
+            self.extend_seq_lens,
+            self.scale,
+        )
 
 
 def make_extend_batch(
@@ -180,12 +197,31 @@ def make_extend_batch(
     tokens to extend (their KV already in the pool)."""
     assert len(private_cached) == len(new_tokens) and min(new_tokens) >= 1
     own = [c + n for c, n in zip(private_cached, new_tokens)]
-    base = make_decode_batch(group_sizes, prefix_lens, own, num_q_heads, num_kv_heads,
-                             head_dim, dtype=dtype, seed=seed, shuffle=False)
+    base = make_decode_batch(
+        group_sizes,
+        prefix_lens,
+        own,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        dtype=dtype,
+        seed=seed,
+        shuffle=False,
+    )
     shared = [p for size, p in zip(group_sizes, prefix_lens) for _ in range(size)]
     ext = torch.tensor(new_tokens, dtype=torch.int64)
     pre = torch.tensor([s + c for s, c in zip(shared, private_cached)], dtype=torch.int64)
     gen = torch.Generator().manual_seed(seed + 1)
     q = torch.randn(int(ext.sum()), num_q_heads, head_dim, generator=gen).to(dtype)
-    return ExtendBatch(q, base.k_buffer, base.v_buffer, base.req_to_token,
-                       base.req_pool_indices, base.seq_lens, pre, ext, base.scale, base.groups)
+    return ExtendBatch(
+        q,
+        base.k_buffer,
+        base.v_buffer,
+        base.req_to_token,
+        base.req_pool_indices,
+        base.seq_lens,
+        pre,
+        ext,
+        base.scale,
+        base.groups,
+    )

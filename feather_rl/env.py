@@ -8,12 +8,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from feather_rl import workload_specs
+from feather_rl.executors.real import DEFAULT_MAX_TOTAL_TOKENS
 from feather_sglang.agents.base import Action, AgentState
 from feather_sglang.agents.features import OBS_DIM, OBS_HIGH, OBS_LOW, observe
 from feather_sglang.agents.step_model import StepTimeModel
 from feather_sglang.cht import ChunkedHashTree, with_costs
-from feather_rl import workload_specs
-from feather_rl.executors.real import DEFAULT_MAX_TOTAL_TOKENS
 
 DEFAULT_CHUNK_SIZE = 50  # feather's default --feather-chunk-size
 # NOTE: 32 running requests: the A/B workloads have 30-64 requests, so a batch cannot simply
@@ -94,13 +94,18 @@ class BatchFormationEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         options = options or {}
-        spec = options.get("workload") or self.workloads[int(self.np_random.integers(len(self.workloads)))]
+        spec = (
+            options.get("workload")
+            or self.workloads[int(self.np_random.integers(len(self.workloads)))]
+        )
         wseed = int(options.get("workload_seed", self.np_random.integers(2**31 - 1)))
         self.workload_spec, self.workload_seed = spec, wseed
         workload, self._prompts = workload_specs.load(spec, wseed, self.tokenizer_path)
         self._output_len = [r.max_new_tokens for r in workload.requests]
         self._cht = ChunkedHashTree(self.chunk_size)
-        for rid, keys in enumerate(workload_specs.keys(spec, wseed, self.chunk_size, self.tokenizer_path)):
+        for rid, keys in enumerate(
+            workload_specs.keys(spec, wseed, self.chunk_size, self.tokenizer_path)
+        ):
             self._cht.add_waiting_keys(rid, keys)
         self._batch: list[int] = []
         self._used_tokens = 0
@@ -125,7 +130,13 @@ class BatchFormationEnv(gym.Env):
         reward = float(sum(d["reward"] for d in dispatched))
         terminated = self._candidate is None
         truncated = not terminated and self._steps >= self.max_steps
-        return self._obs(), reward, terminated, truncated, self._info(dispatched, done=terminated or truncated)
+        return (
+            self._obs(),
+            reward,
+            terminated,
+            truncated,
+            self._info(dispatched, done=terminated or truncated),
+        )
 
     def close(self) -> None:
         self.executor.close()
@@ -143,19 +154,31 @@ class BatchFormationEnv(gym.Env):
                 return
             view = cht.candidate_view(rid)
             new_tokens = self._new_tokens(rid, view.deficit)
-            if self._batch and (len(self._batch) >= self.max_batch
-                                or self._used_tokens + new_tokens > self.kv_capacity_tokens):
+            if self._batch and (
+                len(self._batch) >= self.max_batch
+                or self._used_tokens + new_tokens > self.kv_capacity_tokens
+            ):
                 self._dispatch(dispatched)
                 continue
             if not self._batch:
                 self._admit(rid)
                 continue
             self._candidate = rid
-            self._state = with_costs(AgentState(
-                batch_size=len(self._batch), chunks_before=view.chunks_before, chunks_after=view.chunks_after,
-                waiting=view.waiting, queue_len=cht.num_waiting,
-                memory_headroom=max(0.0, 1.0 - self._used_tokens / self.kv_capacity_tokens),
-            ), cht, rid, view.deficit, self.max_batch - len(self._batch), self.kv_capacity_tokens - self._used_tokens)
+            self._state = with_costs(
+                AgentState(
+                    batch_size=len(self._batch),
+                    chunks_before=view.chunks_before,
+                    chunks_after=view.chunks_after,
+                    waiting=view.waiting,
+                    queue_len=cht.num_waiting,
+                    memory_headroom=max(0.0, 1.0 - self._used_tokens / self.kv_capacity_tokens),
+                ),
+                cht,
+                rid,
+                view.deficit,
+                self.max_batch - len(self._batch),
+                self.kv_capacity_tokens - self._used_tokens,
+            )
             return
 
     def _new_tokens(self, rid: int, deficit: int) -> int:
@@ -169,7 +192,9 @@ class BatchFormationEnv(gym.Env):
 
     def _dispatch(self, dispatched: list[dict]) -> None:
         batch, total = self._batch, len(self._prompts)
-        m = self.executor.measure([self._prompts[r] for r in batch], max(self._output_len[r] for r in batch))
+        m = self.executor.measure(
+            [self._prompts[r] for r in batch], max(self._output_len[r] for r in batch)
+        )
         reward = len(batch) / total * m.tokens_per_s
         for rid in batch:
             self._cht.finish(rid)
@@ -178,8 +203,16 @@ class BatchFormationEnv(gym.Env):
         ep["decode_tokens"] += m.decode_tokens
         ep["decode_s"] += m.decode_s
         ep["batches"] += 1
-        dispatched.append({"batch_size": len(batch), "tokens_per_s": m.tokens_per_s, "decode_s": m.decode_s,
-                           "decode_steps": m.output_len - 1, "shared_frac": m.key.shared_frac, "reward": reward})
+        dispatched.append(
+            {
+                "batch_size": len(batch),
+                "tokens_per_s": m.tokens_per_s,
+                "decode_s": m.decode_s,
+                "decode_steps": m.output_len - 1,
+                "shared_frac": m.key.shared_frac,
+                "reward": reward,
+            }
+        )
         self._batch, self._used_tokens = [], 0
 
     def _obs(self) -> np.ndarray:
@@ -192,9 +225,14 @@ class BatchFormationEnv(gym.Env):
         if done:
             ep = self._episode
             info["episode_summary"] = {
-                "workload": self.workload_spec, "workload_seed": self.workload_seed, "mean_batch_throughput": ep["return"],
-                "workload_tokens_per_s": ep["decode_tokens"] / ep["decode_s"] if ep["decode_s"] else 0.0,
-                "batches": ep["batches"], "decisions": self._steps,
+                "workload": self.workload_spec,
+                "workload_seed": self.workload_seed,
+                "mean_batch_throughput": ep["return"],
+                "workload_tokens_per_s": ep["decode_tokens"] / ep["decode_s"]
+                if ep["decode_s"]
+                else 0.0,
+                "batches": ep["batches"],
+                "decisions": self._steps,
             }
         return info
 
@@ -210,4 +248,6 @@ def _make_executor(executor: Any, recording: str | None):
         return RealExecutor(str(workload_specs.DEFAULT_TOKENIZER), max_batch=DEFAULT_MAX_BATCH)
     if hasattr(executor, "measure"):
         return executor
-    raise ValueError(f"executor must be 'replay', 'real' or an object with measure(), got {executor!r}")
+    raise ValueError(
+        f"executor must be 'replay', 'real' or an object with measure(), got {executor!r}"
+    )

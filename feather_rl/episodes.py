@@ -40,7 +40,9 @@ def make(spec: str, seed: int = 0) -> StopAddAgent:
     return agent
 
 
-def run_episode(env, agent: StopAddAgent, seed: int | None = None, options: dict | None = None) -> dict:
+def run_episode(
+    env, agent: StopAddAgent, seed: int | None = None, options: dict | None = None
+) -> dict:
     """One episode; returns the env's episode summary (mean batch throughput is the return)."""
     _, info = env.reset(seed=seed, options=options)
     agent.on_batch_empty()

@@ -42,8 +42,11 @@ ONLINE = ("ucb", "qlearning")
 
 def shipped_agents() -> list[str]:
     """``ppo:PATH`` / ``dqn:PATH`` for every policy file shipped under feather_rl/agents/."""
-    return [f"{p.stem.split('_')[0]}:{p}" for p in sorted(AGENTS_DIR.glob("*.zip"))
-            if p.stem.split("_")[0] in ("ppo", "dqn")]
+    return [
+        f"{p.stem.split('_')[0]}:{p}"
+        for p in sorted(AGENTS_DIR.glob("*.zip"))
+        if p.stem.split("_")[0] in ("ppo", "dqn")
+    ]
 
 
 def evaluate(agents, workloads, seeds, env, warmup_episodes: int = 20, progress=None) -> list[dict]:
@@ -55,10 +58,20 @@ def evaluate(agents, workloads, seeds, env, warmup_episodes: int = 20, progress=
             agent = make(spec, seed)
             if spec.split(":")[0] in ONLINE:
                 for i in range(warmup_episodes):  # learns online; not counted
-                    run_episode(env, agent, seed=10_000 * (seed + 1) + i,
-                                options={"workload": workload_specs.TRAIN_WORKLOADS[i % len(workload_specs.TRAIN_WORKLOADS)]})
+                    run_episode(
+                        env,
+                        agent,
+                        seed=10_000 * (seed + 1) + i,
+                        options={
+                            "workload": workload_specs.TRAIN_WORKLOADS[
+                                i % len(workload_specs.TRAIN_WORKLOADS)
+                            ]
+                        },
+                    )
             for w in workloads:
-                s = run_episode(env, agent, seed=seed, options={"workload": w, "workload_seed": seed})
+                s = run_episode(
+                    env, agent, seed=seed, options={"workload": w, "workload_seed": seed}
+                )
                 per[w]["rewards"].append(s["mean_batch_throughput"])
                 per[w]["throughput"].append(s.get("workload_tokens_per_s", 0.0))
                 per[w]["batches"].append(s.get("batches", 0))
@@ -66,10 +79,18 @@ def evaluate(agents, workloads, seeds, env, warmup_episodes: int = 20, progress=
                     progress.update()
         for w in workloads:
             r = per[w]["rewards"]
-            rows.append({"agent": spec, "workload": w, "seeds": list(seeds), "rewards": [round(x, 2) for x in r],
-                         "mean_reward": statistics.fmean(r), "std_over_seeds": statistics.pstdev(r),
-                         "workload_tokens_per_s": statistics.fmean(per[w]["throughput"]),
-                         "batches": statistics.fmean(per[w]["batches"])})
+            rows.append(
+                {
+                    "agent": spec,
+                    "workload": w,
+                    "seeds": list(seeds),
+                    "rewards": [round(x, 2) for x in r],
+                    "mean_reward": statistics.fmean(r),
+                    "std_over_seeds": statistics.pstdev(r),
+                    "workload_tokens_per_s": statistics.fmean(per[w]["throughput"]),
+                    "batches": statistics.fmean(per[w]["batches"]),
+                }
+            )
     return rows
 
 
@@ -80,14 +101,24 @@ def evaluate_serving(agents, regime_list, seeds, progress=None) -> list[dict]:
     costs, rows = StepCosts.load(), []
     for spec in agents:
         for regime in regime_list:
-            results = [simulate(regime, EVAL_SEED + seed, make(spec, seed), costs) for seed in seeds]
+            results = [
+                simulate(regime, EVAL_SEED + seed, make(spec, seed), costs) for seed in seeds
+            ]
             if progress is not None:
                 progress.update(len(seeds))
             tput = [r.output_throughput for r in results]
-            rows.append({"agent": spec, "workload": regime.name, "seeds": list(seeds), "rewards": [round(x, 3) for x in tput],
-                         "mean_reward": statistics.fmean(tput), "std_over_seeds": statistics.pstdev(tput),
-                         "p99_ttft_s": statistics.fmean(r.p99_ttft_s for r in results),
-                         "evicted_prefixes": statistics.fmean(r.evicted_prefixes for r in results)})
+            rows.append(
+                {
+                    "agent": spec,
+                    "workload": regime.name,
+                    "seeds": list(seeds),
+                    "rewards": [round(x, 3) for x in tput],
+                    "mean_reward": statistics.fmean(tput),
+                    "std_over_seeds": statistics.pstdev(tput),
+                    "p99_ttft_s": statistics.fmean(r.p99_ttft_s for r in results),
+                    "evicted_prefixes": statistics.fmean(r.evicted_prefixes for r in results),
+                }
+            )
     return rows
 
 
@@ -103,9 +134,16 @@ def summarize_serving(rows, trained: str | None) -> dict:
     def geomean(xs):
         return math.exp(statistics.fmean(math.log(x) for x in xs))
 
-    fixed = {"static": lambda w: mean["static", w], "always_add": lambda w: mean["always-add", w],
-             "best_fixed": lambda w: max(mean["static", w], mean["always-add", w])}
-    summary = {"geomean_vs_always_add": {a: round(geomean(ratios(a, fixed["always_add"])), 4) for a in agents}}
+    fixed = {
+        "static": lambda w: mean["static", w],
+        "always_add": lambda w: mean["always-add", w],
+        "best_fixed": lambda w: max(mean["static", w], mean["always-add", w]),
+    }
+    summary = {
+        "geomean_vs_always_add": {
+            a: round(geomean(ratios(a, fixed["always_add"])), 4) for a in agents
+        }
+    }
     if trained is not None:
         summary["trained"] = trained
         for name, base in fixed.items():
@@ -121,12 +159,22 @@ def serving_table(rows, summary) -> str:
     mean = {(r["agent"], r["workload"]): r for r in rows}
     lines = [f"{'regime':<28}" + "".join(f"{_short(a):>24}" for a in agents)]
     for w in regimes:
-        lines.append(f"{w:<28}" + "".join(f"{mean[a, w]['mean_reward']:>16.1f} ± {mean[a, w]['std_over_seeds']:<5.1f}"
-                                            for a in agents))
-    lines.append(f"{'geomean vs always-add':<28}" + "".join(f"{summary['geomean_vs_always_add'][a]:>24.4f}" for a in agents))
+        lines.append(
+            f"{w:<28}"
+            + "".join(
+                f"{mean[a, w]['mean_reward']:>16.1f} ± {mean[a, w]['std_over_seeds']:<5.1f}"
+                for a in agents
+            )
+        )
+    lines.append(
+        f"{'geomean vs always-add':<28}"
+        + "".join(f"{summary['geomean_vs_always_add'][a]:>24.4f}" for a in agents)
+    )
     for key in ("trained_vs_static", "trained_vs_always_add", "trained_vs_best_fixed"):
         if key in summary:
-            lines.append(f"{key}: {summary[key]:.4f} (geomean), lowest regime {summary[key + '_min']:.4f}")
+            lines.append(
+                f"{key}: {summary[key]:.4f} (geomean), lowest regime {summary[key + '_min']:.4f}"
+            )
     return "\n".join(lines)
 
 
@@ -137,18 +185,31 @@ def serving_markdown(data: dict, json_path: str) -> str:
     regimes = list(dict.fromkeys(r["workload"] for r in rows))
     by = {(r["agent"], r["workload"]): r for r in rows}
     m = prov["machine"]
-    lines = [f"`{prov['command']}` ({prov['date']}, {m.get('cpu', '?')}, commit {(prov.get('git') or {}).get('commit', '?')[:12]}; "
-             f"{len(rows[0]['seeds'])} seeds per regime; simulated output tok/s, mean over seeds; from `{json_path}`)", "",
-             "| regime | " + " | ".join(f"`{_short(a)}`" for a in agents) + " |",
-             "|---|" + "---:|" * len(agents)]
+    lines = [
+        f"`{prov['command']}` ({prov['date']}, {m.get('cpu', '?')}, commit {(prov.get('git') or {}).get('commit', '?')[:12]}; "
+        f"{len(rows[0]['seeds'])} seeds per regime; simulated output tok/s, mean over seeds; from `{json_path}`)",
+        "",
+        "| regime | " + " | ".join(f"`{_short(a)}`" for a in agents) + " |",
+        "|---|" + "---:|" * len(agents),
+    ]
     for w in regimes:
-        lines.append(f"| {w} | " + " | ".join(f"{by[a, w]['mean_reward']:.1f}" for a in agents) + " |")
-    lines.append("| **geomean vs always-add** | " + " | ".join(f"**{summary['geomean_vs_always_add'][a]:.3f}**"
-                                                            for a in agents) + " |")
+        lines.append(
+            f"| {w} | " + " | ".join(f"{by[a, w]['mean_reward']:.1f}" for a in agents) + " |"
+        )
+    lines.append(
+        "| **geomean vs always-add** | "
+        + " | ".join(f"**{summary['geomean_vs_always_add'][a]:.3f}**" for a in agents)
+        + " |"
+    )
     if "trained" in summary:
-        lines += ["", f"Trained agent `{_short(summary['trained'])}`: " + "; ".join(
-            f"{k.removeprefix('trained_vs_').replace('_', '-')} {summary[k]:.3f}x (lowest regime {summary[k + '_min']:.3f}x)"
-            for k in ("trained_vs_static", "trained_vs_always_add", "trained_vs_best_fixed"))]
+        lines += [
+            "",
+            f"Trained agent `{_short(summary['trained'])}`: "
+            + "; ".join(
+                f"{k.removeprefix('trained_vs_').replace('_', '-')} {summary[k]:.3f}x (lowest regime {summary[k + '_min']:.3f}x)"
+                for k in ("trained_vs_static", "trained_vs_always_add", "trained_vs_best_fixed")
+            ),
+        ]
     return "\n".join(lines)
 
 
@@ -156,15 +217,19 @@ def overall(rows, agent: str) -> tuple[float, float]:
     """Mean reward of ``agent`` over all workloads and seeds, and the spread over seeds of
     each seed's mean over workloads."""
     mine = [r for r in rows if r["agent"] == agent]
-    per_seed = [statistics.fmean(r["rewards"][i] for r in mine) for i in range(len(mine[0]["rewards"]))]
+    per_seed = [
+        statistics.fmean(r["rewards"][i] for r in mine) for i in range(len(mine[0]["rewards"]))
+    ]
     return statistics.fmean(per_seed), statistics.pstdev(per_seed)
 
 
 def summarize(rows, trained: str | None) -> dict:
     agents = list(dict.fromkeys(r["agent"] for r in rows))
     means = {a: overall(rows, a) for a in agents}
-    summary = {"mean_reward": {a: round(m, 2) for a, (m, _) in means.items()},
-               "std_over_seeds": {a: round(s, 2) for a, (_, s) in means.items()}}
+    summary = {
+        "mean_reward": {a: round(m, 2) for a, (m, _) in means.items()},
+        "std_over_seeds": {a: round(s, 2) for a, (_, s) in means.items()},
+    }
     if trained is not None:
         summary["trained"] = trained
         for name, key in (("static", "trained_vs_static"), ("always-add", "trained_vs_always_add")):
@@ -174,13 +239,19 @@ def summarize(rows, trained: str | None) -> dict:
 
 
 def table(rows, summary) -> str:
-    lines = [f"{'agent':<52} {'workload':<28} {'reward tok/s (mean ± sd over seeds)':>36} {'workload tok/s':>14} {'batches':>7}"]
+    lines = [
+        f"{'agent':<52} {'workload':<28} {'reward tok/s (mean ± sd over seeds)':>36} {'workload tok/s':>14} {'batches':>7}"
+    ]
     for r in rows:
-        lines.append(f"{_short(r['agent']):<52} {r['workload']:<28} {r['mean_reward']:>26.1f} ± {r['std_over_seeds']:<7.1f}"
-                     f" {r['workload_tokens_per_s']:>14.1f} {r['batches']:>7.1f}")
+        lines.append(
+            f"{_short(r['agent']):<52} {r['workload']:<28} {r['mean_reward']:>26.1f} ± {r['std_over_seeds']:<7.1f}"
+            f" {r['workload_tokens_per_s']:>14.1f} {r['batches']:>7.1f}"
+        )
     lines.append("")
     for a, m in summary["mean_reward"].items():
-        lines.append(f"{_short(a):<52} {'ALL':<28} {m:>26.1f} ± {summary['std_over_seeds'][a]:<7.1f}")
+        lines.append(
+            f"{_short(a):<52} {'ALL':<28} {m:>26.1f} ± {summary['std_over_seeds'][a]:<7.1f}"
+        )
     for key in ("trained_vs_static", "trained_vs_always_add"):
         if key in summary:
             lines.append(f"{key}: {summary[key]:.4f}")
@@ -193,27 +264,66 @@ def _short(spec: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="feather-eval", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--env", choices=("serving", "batch"), default="serving",
-                    help="serving: the simulated server over held-out regimes; batch: static batches priced by real runs")
-    ap.add_argument("--agents", default=None,
-                    help="comma-separated: static, always-add, throughput, random, ucb, qlearning, ppo:PATH, dqn:PATH "
-                         "(default, serving: static, always-add, throughput and every shipped feather_rl/agents/*.zip; "
-                         "batch: static, always-add, random, ucb, qlearning and the shipped files)")
-    ap.add_argument("--regimes", default=None,
-                    help="serving: comma-separated held-out regime names (default: all of feather_rl.regimes.HELDOUT)")
-    ap.add_argument("--workloads", default=",".join(workload_specs.HELDOUT_WORKLOADS),
-                    help="batch: workload specs (default: the held-out %(default)s)")
-    ap.add_argument("--workload-file", action="append", default=[], help="batch: a JSONL workload file (A/B tool format); repeatable")
+    ap = argparse.ArgumentParser(
+        prog="feather-eval",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--env",
+        choices=("serving", "batch"),
+        default="serving",
+        help="serving: the simulated server over held-out regimes; batch: static batches priced by real runs",
+    )
+    ap.add_argument(
+        "--agents",
+        default=None,
+        help="comma-separated: static, always-add, throughput, random, ucb, qlearning, ppo:PATH, dqn:PATH "
+        "(default, serving: static, always-add, throughput and every shipped feather_rl/agents/*.zip; "
+        "batch: static, always-add, random, ucb, qlearning and the shipped files)",
+    )
+    ap.add_argument(
+        "--regimes",
+        default=None,
+        help="serving: comma-separated held-out regime names (default: all of feather_rl.regimes.HELDOUT)",
+    )
+    ap.add_argument(
+        "--workloads",
+        default=",".join(workload_specs.HELDOUT_WORKLOADS),
+        help="batch: workload specs (default: the held-out %(default)s)",
+    )
+    ap.add_argument(
+        "--workload-file",
+        action="append",
+        default=[],
+        help="batch: a JSONL workload file (A/B tool format); repeatable",
+    )
     ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
-    ap.add_argument("--executor", choices=("replay", "real"), default="replay", help="batch: how batches are priced")
+    ap.add_argument(
+        "--executor",
+        choices=("replay", "real"),
+        default="replay",
+        help="batch: how batches are priced",
+    )
     ap.add_argument("--recording", default=None, help="batch: replay recording")
-    ap.add_argument("--warmup-episodes", type=int, default=20, help="batch: online learners' episodes before evaluation")
-    ap.add_argument("--trained", default=None, help="which agent the summary ratios are for (default: the first ppo:/dqn:)")
+    ap.add_argument(
+        "--warmup-episodes",
+        type=int,
+        default=20,
+        help="batch: online learners' episodes before evaluation",
+    )
+    ap.add_argument(
+        "--trained",
+        default=None,
+        help="which agent the summary ratios are for (default: the first ppo:/dqn:)",
+    )
     ap.add_argument("--json", default=None, help="write rows and summary to this JSON file")
-    ap.add_argument("--report", metavar="JSON", default=None,
-                    help="print a serving evaluation's JSON as a markdown table (for the docs) and exit")
+    ap.add_argument(
+        "--report",
+        metavar="JSON",
+        default=None,
+        help="print a serving evaluation's JSON as a markdown table (for the docs) and exit",
+    )
     args = ap.parse_args(argv)
     if args.report:
         try:
@@ -221,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             ap.error(f"--report: cannot read {args.report}: {e}")
         if data.get("provenance", {}).get("env") != "serving":
-            ap.error(f"--report: {args.report} is not a serving evaluation (feather-eval --env serving --json ...)")
+            ap.error(
+                f"--report: {args.report} is not a serving evaluation (feather-eval --env serving --json ...)"
+            )
         print(serving_markdown(data, args.report))
         return 0
     if args.seeds < 1:
@@ -244,19 +356,34 @@ def main(argv: list[str] | None = None) -> int:
         from feather_rl import regimes
 
         if not {"static", "always-add"} <= set(agents):
-            ap.error("--agents: the serving summary compares with static and always-add; include both")
+            ap.error(
+                "--agents: the serving summary compares with static and always-add; include both"
+            )
         try:
-            chosen = [regimes.by_name(n) for n in args.regimes.split(",")] if args.regimes else list(regimes.HELDOUT)
+            chosen = (
+                [regimes.by_name(n) for n in args.regimes.split(",")]
+                if args.regimes
+                else list(regimes.HELDOUT)
+            )
         except ValueError as e:
             ap.error(f"--regimes: {e}")
-        with tqdm(total=len(agents) * len(seeds) * len(chosen), desc="feather-eval", unit="run", file=sys.stderr) as bar:
+        with tqdm(
+            total=len(agents) * len(seeds) * len(chosen),
+            desc="feather-eval",
+            unit="run",
+            file=sys.stderr,
+        ) as bar:
             rows = evaluate_serving(agents, chosen, seeds, bar)
         summary = summarize_serving(rows, trained)
         print(serving_table(rows, summary))
         from feather_rl.simulator import DEFAULT_CALIBRATION
 
-        context = {"env": "serving", "regimes": [r.__dict__ for r in chosen],
-                   "step_costs": json.loads(DEFAULT_CALIBRATION.read_text()), "eval_seed_base": EVAL_SEED}
+        context = {
+            "env": "serving",
+            "regimes": [r.__dict__ for r in chosen],
+            "step_costs": json.loads(DEFAULT_CALIBRATION.read_text()),
+            "eval_seed_base": EVAL_SEED,
+        }
     else:
         import gymnasium as gym
 
@@ -264,19 +391,36 @@ def main(argv: list[str] | None = None) -> int:
         from feather_rl.train import split_workloads
 
         workloads = split_workloads(args.workloads) + [f"file:{p}" for p in args.workload_file]
-        env = gym.make(feather_rl.ENV_ID, workloads=tuple(workloads), executor=args.executor,
-                       recording=args.recording).unwrapped
-        with tqdm(total=len(agents) * len(seeds) * len(workloads), desc="feather-eval", unit="episode",
-                  file=sys.stderr) as bar:
+        env = gym.make(
+            feather_rl.ENV_ID,
+            workloads=tuple(workloads),
+            executor=args.executor,
+            recording=args.recording,
+        ).unwrapped
+        with tqdm(
+            total=len(agents) * len(seeds) * len(workloads),
+            desc="feather-eval",
+            unit="episode",
+            file=sys.stderr,
+        ) as bar:
             rows = evaluate(agents, workloads, seeds, env, args.warmup_episodes, bar)
         summary = summarize(rows, trained)
         print(table(rows, summary))
-        context = {"env": "batch", "workloads": workloads, "warmup_episodes": args.warmup_episodes,
-                   "executor": env.executor.describe() if hasattr(env.executor, "describe") else args.executor}
+        context = {
+            "env": "batch",
+            "workloads": workloads,
+            "warmup_episodes": args.warmup_episodes,
+            "executor": env.executor.describe()
+            if hasattr(env.executor, "describe")
+            else args.executor,
+        }
         env.close()
     if args.json:
-        out = {"rows": rows, "summary": summary,
-               "provenance": provenance.record(**context, seconds=round(time.time() - started, 1))}
+        out = {
+            "rows": rows,
+            "summary": summary,
+            "provenance": provenance.record(**context, seconds=round(time.time() - started, 1)),
+        }
         provenance.write_json(args.json, out)
         print(f"feather-eval: -> {args.json}")
     return 0

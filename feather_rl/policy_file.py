@@ -26,8 +26,13 @@ def save_policy(model, path: str | Path, algo: str, provenance: dict | None = No
         path = path.with_name(path.name + ".zip")
     path.parent.mkdir(parents=True, exist_ok=True)
     model.save(path)
-    meta = {"algo": algo, "activation": ACTIVATION[algo], **layout(), "provenance": provenance or {},
-            "manifest": manifest_of(path)}
+    meta = {
+        "algo": algo,
+        "activation": ACTIVATION[algo],
+        **layout(),
+        "provenance": provenance or {},
+        "manifest": manifest_of(path),
+    }
     with zipfile.ZipFile(path, "a") as zf:
         zf.writestr(META_MEMBER, json.dumps(meta, indent=1))
     return path

@@ -6,14 +6,15 @@ import os
 import subprocess
 import sys
 
-from feather_sglang.tools.machine import describe, git_state
+from feather_bench.tools.machine import describe, git_state
 
 
 def date() -> str:
     """The date as the ``date`` command prints it (UTC, ISO 8601)."""
     try:
-        return subprocess.run(["date", "-u", "+%Y-%m-%dT%H:%M:%SZ"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["date", "-u", "+%Y-%m-%dT%H:%M:%SZ"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         from datetime import datetime, timezone
 

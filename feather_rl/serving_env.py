@@ -75,7 +75,9 @@ class ServingEnv(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, regime_list: tuple[Regime, ...] | None = None, costs: StepCosts | None = None) -> None:
+    def __init__(
+        self, regime_list: tuple[Regime, ...] | None = None, costs: StepCosts | None = None
+    ) -> None:
         self.regime_list = regime_list
         self.costs = costs or StepCosts.load()
         self.action_space = spaces.Discrete(2)
@@ -148,7 +150,12 @@ class ServingEnv(gym.Env):
             return obs, reward, None, {"state": state, "regime": self.regime.name}
         result = msg[1]
         reward = -(result.duration_s - self._start) / self.reference_s
-        info = {"state": None, "regime": self.regime.name, "result": result, "reference_s": self.reference_s}
+        info = {
+            "state": None,
+            "regime": self.regime.name,
+            "result": result,
+            "reference_s": self.reference_s,
+        }
         zeros = np.zeros(OBS_DIM, dtype=np.float32)
         return zeros, reward, (zeros, reward, True, False, info), info
 

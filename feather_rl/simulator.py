@@ -51,8 +51,11 @@ class StepCosts:
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CALIBRATION) -> "StepCosts":
         data = json.loads(Path(path).read_text())
-        return cls({k: tuple(v) for k, v in data["decode"].items()}, data["prefill_fixed_s"],
-                   data["prefill_per_token_s"])
+        return cls(
+            {k: tuple(v) for k, v in data["decode"].items()},
+            data["prefill_fixed_s"],
+            data["prefill_per_token_s"],
+        )
 
     def decode_s(self, prefix_shared: bool, batch: int, attended_tokens: int) -> float:
         a, b, c = self.decode["prefix_shared" if prefix_shared else "per_request"]
@@ -86,11 +89,18 @@ class Regime:
     prefill_budget: int = 16_384  # SGLang's default --max-prefill-tokens
 
     def pool_tokens(self) -> int:
-        per_group = self.prefix_len + math.ceil(self.requests / self.groups) * (self.question_len + self.output_len)
+        per_group = self.prefix_len + math.ceil(self.requests / self.groups) * (
+            self.question_len + self.output_len
+        )
         if self.kv_groups is None:  # room for the whole workload, four times over (SGLang sizes
             # the pool from free memory: ~700K tokens for SmolLM2 on the CPU machine)
-            return 4 * (self.groups * self.prefix_len + self.requests * (self.question_len + self.output_len))
-        return max(int(self.kv_groups * per_group), self.prefix_len + self.question_len + self.output_len)
+            return 4 * (
+                self.groups * self.prefix_len
+                + self.requests * (self.question_len + self.output_len)
+            )
+        return max(
+            int(self.kv_groups * per_group), self.prefix_len + self.question_len + self.output_len
+        )
 
     def server(self) -> ServerShape:
         return ServerShape(self.prefix_shared, self.max_running, self.pool_tokens(), "bfloat16")
@@ -147,8 +157,16 @@ def workload(regime: Regime, seed: int, costs: StepCosts) -> list[_Request]:
     reqs = []
     for rid, g in enumerate(groups):
         own = rng.integers(0, VOCAB, size=regime.question_len)
-        reqs.append(_Request(rid, int(g), regime.question_len, regime.output_len, float(arrivals[rid]),
-                             np.concatenate((prefixes[g], own))))
+        reqs.append(
+            _Request(
+                rid,
+                int(g),
+                regime.question_len,
+                regime.output_len,
+                float(arrivals[rid]),
+                np.concatenate((prefixes[g], own)),
+            )
+        )
     return reqs
 
 
@@ -157,9 +175,13 @@ def capacity(regime: Regime, costs: StepCosts) -> float:
     Poisson load is relative to."""
     per_request = regime.question_len + regime.output_len
     pool = regime.pool_tokens()
-    batch = max(1, min(regime.max_running, (pool - regime.prefix_len) // per_request, regime.requests))
+    batch = max(
+        1, min(regime.max_running, (pool - regime.prefix_len) // per_request, regime.requests)
+    )
     groups = max(1, min(regime.groups, math.ceil(batch / max(regime.requests // regime.groups, 1))))
-    attended = (groups * regime.prefix_len if regime.prefix_shared else batch * regime.prefix_len) + batch * per_request
+    attended = (
+        groups * regime.prefix_len if regime.prefix_shared else batch * regime.prefix_len
+    ) + batch * per_request
     step = costs.decode_s(regime.prefix_shared, batch, attended)
     return batch / (step * regime.output_len + costs.prefill_s(per_request * batch) / max(batch, 1))
 
@@ -167,8 +189,14 @@ def capacity(regime: Regime, costs: StepCosts) -> float:
 class Server:
     """One simulated server running one workload; ``run`` drives it to the end."""
 
-    def __init__(self, regime: Regime, seed: int, agent: StopAddAgent, costs: StepCosts | None = None,
-                 config: FeatherConfig | None = None) -> None:
+    def __init__(
+        self,
+        regime: Regime,
+        seed: int,
+        agent: StopAddAgent,
+        costs: StepCosts | None = None,
+        config: FeatherConfig | None = None,
+    ) -> None:
         self.regime, self.seed = regime, seed
         self.costs = costs or StepCosts.load()
         self.now = 0.0
@@ -183,7 +211,9 @@ class Server:
         self.waiting: set[int] = set()
         self.running: dict[int, _Request] = {}
         self.capacity = regime.pool_tokens()
-        self.cache: OrderedDict[int, int] = OrderedDict()  # group -> prefix tokens cached (LRU first)
+        self.cache: OrderedDict[int, int] = (
+            OrderedDict()
+        )  # group -> prefix tokens cached (LRU first)
         self.refs: dict[int, int] = {}  # group -> running requests using its prefix
         self.reserved = 0  # running requests' own + output tokens
         self.decode_steps = self.prefill_tokens = self.evicted = 0
@@ -222,8 +252,13 @@ class Server:
         free = self.capacity - self._used() + self._evictable()
         plan = self.planner.plan(
             self.regime.max_running - len(self.running),
-            cached_prefix_tokens=lambda rid: prefix if self.requests[rid].group in self.cache else 0,
-            token_budget=self.regime.prefill_budget, kv_free_tokens=free, kv_capacity_tokens=self.capacity)
+            cached_prefix_tokens=lambda rid: prefix
+            if self.requests[rid].group in self.cache
+            else 0,
+            token_budget=self.regime.prefill_budget,
+            kv_free_tokens=free,
+            kv_capacity_tokens=self.capacity,
+        )
         admitted, new_tokens, cached_before = [], 0, set(self.cache)
         for rid in plan.rids:
             r = self.requests[rid]
@@ -258,8 +293,12 @@ class Server:
         running = self.running
         groups = {r.group for r in running.values()}
         own = sum(r.own + r.generated for r in running.values())
-        attended = (len(groups) if self.regime.prefix_shared else len(running)) * self.regime.prefix_len + own
-        seconds = self._noisy(self.costs.decode_s(self.regime.prefix_shared, len(running), attended))
+        attended = (
+            len(groups) if self.regime.prefix_shared else len(running)
+        ) * self.regime.prefix_len + own
+        seconds = self._noisy(
+            self.costs.decode_s(self.regime.prefix_shared, len(running), attended)
+        )
         self.planner.on_step(len(running), seconds, decode=True)
         self.now += seconds
         self.decode_steps += 1
@@ -288,8 +327,10 @@ class Server:
             elif self.pending and not self.waiting:
                 self.now = max(self.now, self.pending[-1].arrival)
             elif self.waiting:
-                raise RuntimeError(f"{self.regime.name}: a waiting request cannot be admitted into an empty "
-                                   f"server (KV pool {self.capacity} tokens)")
+                raise RuntimeError(
+                    f"{self.regime.name}: a waiting request cannot be admitted into an empty "
+                    f"server (KV pool {self.capacity} tokens)"
+                )
         return self._result()
 
     def _result(self) -> Result:
@@ -298,12 +339,24 @@ class Server:
         start = min(r.arrival for r in reqs)
         tokens = sum(r.output for r in reqs)
         duration = self.now - start
-        return Result(self.regime.name, self.seed, tokens, duration, tokens / duration, float(ttft.mean()),
-                      float(np.percentile(ttft, 99)), self.decode_steps, self.prefill_tokens, self.evicted,
-                      dict(self.planner.stats.stops))
+        return Result(
+            self.regime.name,
+            self.seed,
+            tokens,
+            duration,
+            tokens / duration,
+            float(ttft.mean()),
+            float(np.percentile(ttft, 99)),
+            self.decode_steps,
+            self.prefill_tokens,
+            self.evicted,
+            dict(self.planner.stats.stops),
+        )
 
 
-def simulate(regime: Regime, seed: int, agent: StopAddAgent, costs: StepCosts | None = None) -> Result:
+def simulate(
+    regime: Regime, seed: int, agent: StopAddAgent, costs: StepCosts | None = None
+) -> Result:
     return Server(regime, seed, agent, costs).run()
 
 

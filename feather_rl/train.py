@@ -38,9 +38,19 @@ from feather_rl.policy_file import save_policy
 REWARD_SCALE = 1000.0
 ALGOS = ("ppo", "dqn")
 # Hyper-parameters: SB3 defaults except where episodes of 30-64 decisions call for less.
-PPO_KWARGS = dict(n_steps=1024, batch_size=128, n_epochs=10, gamma=0.99, ent_coef=0.01, learning_rate=3e-4)
-DQN_KWARGS = dict(buffer_size=50_000, learning_starts=1_000, train_freq=4, target_update_interval=500,
-                  exploration_fraction=0.3, exploration_final_eps=0.02, learning_rate=5e-4, gamma=0.99)
+PPO_KWARGS = dict(
+    n_steps=1024, batch_size=128, n_epochs=10, gamma=0.99, ent_coef=0.01, learning_rate=3e-4
+)
+DQN_KWARGS = dict(
+    buffer_size=50_000,
+    learning_starts=1_000,
+    train_freq=4,
+    target_update_interval=500,
+    exploration_fraction=0.3,
+    exploration_final_eps=0.02,
+    learning_rate=5e-4,
+    gamma=0.99,
+)
 # PPO's hyperparameters for the serving env, in rl-zoo3's format (the one place they are written).
 HYPERPARAMS = Path(__file__).resolve().parent / "hyperparams" / "ppo.yml"
 _ZOO_ONLY = ("n_envs", "n_timesteps", "policy", "normalize")
@@ -57,16 +67,26 @@ def serving_ppo_kwargs() -> dict:
 BASELINE_EPISODES = 30
 
 
-def make_env(workloads, executor: str, recording: str | None, monitor_path: Path | None = None, append: bool = False):
+def make_env(
+    workloads,
+    executor: str,
+    recording: str | None,
+    monitor_path: Path | None = None,
+    append: bool = False,
+):
     import gymnasium as gym
     from stable_baselines3.common.monitor import Monitor
 
     import feather_rl  # noqa: F401  registers the env
 
-    env = gym.make(feather_rl.ENV_ID, workloads=tuple(workloads), executor=executor, recording=recording)
+    env = gym.make(
+        feather_rl.ENV_ID, workloads=tuple(workloads), executor=executor, recording=recording
+    )
     if monitor_path is not None:
         # raw tokens/s per episode; a resumed run appends (SB3 writes the header only on a new file)
-        env = Monitor(env, str(monitor_path), override_existing=not (append and monitor_path.exists()))
+        env = Monitor(
+            env, str(monitor_path), override_existing=not (append and monitor_path.exists())
+        )
     return gym.wrappers.TransformReward(env, lambda r: r / REWARD_SCALE)
 
 
@@ -78,7 +98,9 @@ def make_serving_env(n_envs: int, seed: int, monitor_dir: Path):
 
     import feather_rl
 
-    env = make_vec_env(feather_rl.SERVING_ENV_ID, n_envs=n_envs, seed=seed, monitor_dir=str(monitor_dir))
+    env = make_vec_env(
+        feather_rl.SERVING_ENV_ID, n_envs=n_envs, seed=seed, monitor_dir=str(monitor_dir)
+    )
     return VecNormalize(env, norm_obs=False, norm_reward=True, gamma=serving_ppo_kwargs()["gamma"])
 
 
@@ -90,7 +112,10 @@ def baselines(workloads, executor: str, recording: str | None, seed: int) -> dic
     out = {}
     for spec in ("static", "always-add", "random"):
         agent = make(spec, seed)
-        rets = [run_episode(env, agent, seed=seed + i)["mean_batch_throughput"] for i in range(BASELINE_EPISODES)]
+        rets = [
+            run_episode(env, agent, seed=seed + i)["mean_batch_throughput"]
+            for i in range(BASELINE_EPISODES)
+        ]
         out[spec] = float(np.mean(rets))
     return out
 
@@ -104,12 +129,23 @@ def serving_baselines(seed: int) -> dict:
     costs, rng = StepCosts.load(), np.random.default_rng(seed + 7)
     draws = [(sample(rng), int(rng.integers(2**31 - 1))) for _ in range(BASELINE_EPISODES)]
     ref = [simulate(r, s, make("always-add"), costs).duration_s for r, s in draws]
-    return {name: float(np.mean([-simulate(r, s, make(name), costs).duration_s / t for (r, s), t in zip(draws, ref)]))
-            for name in ("static", "admit", "throughput")} | {"always-add": -1.0}
+    return {
+        name: float(
+            np.mean(
+                [-simulate(r, s, make(name), costs).duration_s / t for (r, s), t in zip(draws, ref)]
+            )
+        )
+        for name in ("static", "admit", "throughput")
+    } | {"always-add": -1.0}
 
 
-def plot_curve(monitor_csv: Path, png: Path, base: dict, title: str,
-               ylabel: str = "mean batch decode throughput (tokens/s)") -> None:
+def plot_curve(
+    monitor_csv: Path,
+    png: Path,
+    base: dict,
+    title: str,
+    ylabel: str = "mean batch decode throughput (tokens/s)",
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,7 +160,7 @@ def plot_curve(monitor_csv: Path, png: Path, base: dict, title: str,
     smooth = np.convolve(rets, np.ones(window) / window, mode="valid")
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, rets, ".", ms=2, alpha=0.3, label="episode return")
-    ax.plot(steps[window - 1:], smooth, lw=2, label=f"mean of {window}")
+    ax.plot(steps[window - 1 :], smooth, lw=2, label=f"mean of {window}")
     for (name, value), style in zip(sorted(base.items()), ("--", ":", "-.")):
         ax.axhline(value, ls=style, color="gray", label=f"{name} ({value:.0f})")
     ax.set_xlabel("timesteps (decisions)")
@@ -149,35 +185,73 @@ def _monitor_rows(path: Path) -> list[tuple[float, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="feather-train", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="feather-train",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--algo", choices=ALGOS, default="ppo")
-    ap.add_argument("--env", choices=("serving", "batch"), default="serving",
-                    help="serving: the simulated continuous-batching server (feather/Serving-v0); "
-                         "batch: static batches priced by real runs (feather/BatchFormation-v0)")
-    ap.add_argument("--n-envs", type=int, default=4, help="parallel environments (serving env only)")
-    ap.add_argument("--executor", choices=("replay", "real"), default="replay",
-                    help="replay: recorded real measurements (fast); real: run every batch on the model")
-    ap.add_argument("--recording", default=None, help="replay recording (default: feather_rl/data/replay_tiny-llama.json)")
-    ap.add_argument("--workloads", default=",".join(workload_specs.TRAIN_WORKLOADS),
-                    help="training workload specs separated by ';' or ',' between names "
-                         "(NAME, NAME:k=v,k=v, file:PATH); default: %(default)s")
+    ap.add_argument(
+        "--env",
+        choices=("serving", "batch"),
+        default="serving",
+        help="serving: the simulated continuous-batching server (feather/Serving-v0); "
+        "batch: static batches priced by real runs (feather/BatchFormation-v0)",
+    )
+    ap.add_argument(
+        "--n-envs", type=int, default=4, help="parallel environments (serving env only)"
+    )
+    ap.add_argument(
+        "--executor",
+        choices=("replay", "real"),
+        default="replay",
+        help="replay: recorded real measurements (fast); real: run every batch on the model",
+    )
+    ap.add_argument(
+        "--recording",
+        default=None,
+        help="replay recording (default: feather_rl/data/replay_tiny-llama.json)",
+    )
+    ap.add_argument(
+        "--workloads",
+        default=",".join(workload_specs.TRAIN_WORKLOADS),
+        help="training workload specs separated by ';' or ',' between names "
+        "(NAME, NAME:k=v,k=v, file:PATH); default: %(default)s",
+    )
     ap.add_argument("--timesteps", type=int, default=30_000, help="decisions to train on in all")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="output folder (default: results/runs/ALGO-seedN)")
-    ap.add_argument("--checkpoint-every", type=int, default=5_000, help="timesteps between checkpoints")
-    ap.add_argument("--eval-every", type=int, default=25_000,
-                    help="serving env: timesteps between evaluations on the held-out regimes (SB3's EvalCallback; "
-                         "the best policy so far is written to OUT/best_model.zip); 0: none")
-    ap.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="override SB3 hyperparameters of a new run, e.g. learning_rate=1e-4 n_steps=2048 "
-                         f"(defaults: {HYPERPARAMS.relative_to(HYPERPARAMS.parents[2])} for PPO in the serving env)")
-    ap.add_argument("--tensorboard", metavar="DIR", default=None,
-                    help="also log to TensorBoard in DIR (needs the tensorboard package)")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue from OUT/latest.zip up to --timesteps. Stable-Baselines3 unpickles parts of "
-                         "the file (and DQN's replay buffer): resume only run folders you trust. Files whose "
-                         "contents do not match the manifest feather-train wrote are refused")
+    ap.add_argument(
+        "--checkpoint-every", type=int, default=5_000, help="timesteps between checkpoints"
+    )
+    ap.add_argument(
+        "--eval-every",
+        type=int,
+        default=25_000,
+        help="serving env: timesteps between evaluations on the held-out regimes (SB3's EvalCallback; "
+        "the best policy so far is written to OUT/best_model.zip); 0: none",
+    )
+    ap.add_argument(
+        "--hyperparams",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override SB3 hyperparameters of a new run, e.g. learning_rate=1e-4 n_steps=2048 "
+        f"(defaults: {HYPERPARAMS.relative_to(HYPERPARAMS.parents[2])} for PPO in the serving env)",
+    )
+    ap.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        default=None,
+        help="also log to TensorBoard in DIR (needs the tensorboard package)",
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from OUT/latest.zip up to --timesteps. Stable-Baselines3 unpickles parts of "
+        "the file (and DQN's replay buffer): resume only run folders you trust. Files whose "
+        "contents do not match the manifest feather-train wrote are refused",
+    )
     args = ap.parse_args(argv)
     overrides = {}
     for item in args.hyperparams:
@@ -198,7 +272,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import stable_baselines3 as sb3
     import torch
-    from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback, EvalCallback
+    from stable_baselines3.common.callbacks import (
+        BaseCallback,
+        CallbackList,
+        CheckpointCallback,
+        EvalCallback,
+    )
     from stable_baselines3.common.logger import configure
     from tqdm import tqdm
 
@@ -213,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         (out / "monitor").mkdir(exist_ok=True)
         env = make_serving_env(args.n_envs, args.seed, out / "monitor")
     else:
-        env = make_env(workloads, args.executor, args.recording, out / "monitor.csv", append=args.resume)
+        env = make_env(
+            workloads, args.executor, args.recording, out / "monitor.csv", append=args.resume
+        )
     cls = sb3.PPO if args.algo == "ppo" else sb3.DQN
     latest = out / "latest.zip"
     if args.resume:
@@ -229,10 +310,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.algo == "dqn" and buffer.exists():
             model.load_replay_buffer(buffer)
     else:
-        kwargs = (serving_ppo_kwargs() if serving else PPO_KWARGS) if args.algo == "ppo" else DQN_KWARGS
+        kwargs = (
+            (serving_ppo_kwargs() if serving else PPO_KWARGS) if args.algo == "ppo" else DQN_KWARGS
+        )
         try:
-            model = cls("MlpPolicy", env, seed=args.seed, device="cpu", verbose=0,
-                        tensorboard_log=args.tensorboard, **{**kwargs, **overrides})
+            model = cls(
+                "MlpPolicy",
+                env,
+                seed=args.seed,
+                device="cpu",
+                verbose=0,
+                tensorboard_log=args.tensorboard,
+                **{**kwargs, **overrides},
+            )
         except TypeError as e:
             ap.error(f"--hyperparams: {e}")
     model.set_logger(configure(str(out), ["csv", *(["tensorboard"] if args.tensorboard else [])]))
@@ -242,10 +332,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"feather-train: {out} already has {done_before} >= {args.timesteps} timesteps")
         return 0
 
-    info = {"algo": args.algo, "env": args.env, "n_envs": args.n_envs if serving else 1, "seed": args.seed,
-            "executor": None if serving else args.executor, "workloads": "feather_rl.regimes.sample" if serving else workloads,
-            "timesteps": args.timesteps, "hyperparameters": _hyperparameters(model), "overrides": overrides,
-            "reward_scale": REWARD_SCALE}
+    info = {
+        "algo": args.algo,
+        "env": args.env,
+        "n_envs": args.n_envs if serving else 1,
+        "seed": args.seed,
+        "executor": None if serving else args.executor,
+        "workloads": "feather_rl.regimes.sample" if serving else workloads,
+        "timesteps": args.timesteps,
+        "hyperparameters": _hyperparameters(model),
+        "overrides": overrides,
+        "reward_scale": REWARD_SCALE,
+    }
     if serving:
         from feather_rl.simulator import DEFAULT_CALIBRATION
 
@@ -256,8 +354,13 @@ def main(argv: list[str] | None = None) -> int:
     class Progress(BaseCallback):
         def __init__(self):
             super().__init__()
-            self.bar = tqdm(total=args.timesteps, initial=done_before, desc=f"feather-train {args.algo}",
-                            unit="step", file=sys.stderr)
+            self.bar = tqdm(
+                total=args.timesteps,
+                initial=done_before,
+                desc=f"feather-train {args.algo}",
+                unit="step",
+                file=sys.stderr,
+            )
 
         def _on_step(self) -> bool:
             self.bar.update(self.model.num_timesteps - self.bar.n)
@@ -276,27 +379,46 @@ def main(argv: list[str] | None = None) -> int:
 
     class SaveBest(BaseCallback):
         def _on_step(self) -> bool:
-            prov = provenance.record(training={**info, "timesteps_done": self.model.num_timesteps,
-                                               "best_mean_reward_heldout": float(self.parent.best_mean_reward)})
+            prov = provenance.record(
+                training={
+                    **info,
+                    "timesteps_done": self.model.num_timesteps,
+                    "best_mean_reward_heldout": float(self.parent.best_mean_reward),
+                }
+            )
             save_policy(self.model, out / "best_model.zip", args.algo, prov)
             return True
 
     n_envs = args.n_envs if serving else 1
-    callbacks = [Progress(), PolicyCheckpoint(save_freq=max(args.checkpoint_every // n_envs, 1), save_path=str(out))]
+    callbacks = [
+        Progress(),
+        PolicyCheckpoint(save_freq=max(args.checkpoint_every // n_envs, 1), save_path=str(out)),
+    ]
     if serving and args.eval_every > 0:
         from stable_baselines3.common.monitor import Monitor
+        from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
         from feather_rl.regimes import HELDOUT
         from feather_rl.serving_env import ServingEnv
 
-        from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
-
         # wrapped as the training env is (SB3 syncs the normalisation; observations are raw)
-        eval_env = VecNormalize(DummyVecEnv([lambda: Monitor(ServingEnv(regime_list=HELDOUT))]), norm_obs=False,
-                                norm_reward=False, training=False)
-        callbacks.append(EvalCallback(eval_env, n_eval_episodes=len(HELDOUT),
-                                      eval_freq=max(args.eval_every // n_envs, 1), log_path=str(out / "eval"),
-                                      callback_on_new_best=SaveBest(), deterministic=True, verbose=0))
+        eval_env = VecNormalize(
+            DummyVecEnv([lambda: Monitor(ServingEnv(regime_list=HELDOUT))]),
+            norm_obs=False,
+            norm_reward=False,
+            training=False,
+        )
+        callbacks.append(
+            EvalCallback(
+                eval_env,
+                n_eval_episodes=len(HELDOUT),
+                eval_freq=max(args.eval_every // n_envs, 1),
+                log_path=str(out / "eval"),
+                callback_on_new_best=SaveBest(),
+                deterministic=True,
+                verbose=0,
+            )
+        )
 
     def checkpoint(m, name: str) -> None:
         prov = provenance.record(training={**info, "timesteps_done": m.num_timesteps})
@@ -307,29 +429,52 @@ def main(argv: list[str] | None = None) -> int:
             (out / "replay_buffer.pkl.sha256").write_text(_sha256(out / "replay_buffer.pkl") + "\n")
 
     started = time.time()
-    model.learn(total_timesteps=remaining, callback=CallbackList(callbacks), reset_num_timesteps=False)
+    model.learn(
+        total_timesteps=remaining, callback=CallbackList(callbacks), reset_num_timesteps=False
+    )
     train_s = time.time() - started
     checkpoint(model, f"step_{model.num_timesteps}")
     if serving:
         base = serving_baselines(args.seed)
     else:
-        base = baselines(workloads, args.executor, args.recording, args.seed) if args.executor == "replay" else {}
-    prov = provenance.record(training={**info, "timesteps_done": model.num_timesteps,
-                                       "train_seconds_this_run": round(train_s, 1),
-                                       "baselines_train_workloads": base})
+        base = (
+            baselines(workloads, args.executor, args.recording, args.seed)
+            if args.executor == "replay"
+            else {}
+        )
+    prov = provenance.record(
+        training={
+            **info,
+            "timesteps_done": model.num_timesteps,
+            "train_seconds_this_run": round(train_s, 1),
+            "baselines_train_workloads": base,
+        }
+    )
     model_path = save_policy(model, out / "model.zip", args.algo, prov)
     (out / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
     if serving:
-        plot_curve(out / "monitor", out / "learning_curve.png", base,
-                   f"feather-train {args.algo}, seed {args.seed}, simulated server, {args.n_envs} envs",
-                   ylabel="return: -duration / always-add's duration")
+        plot_curve(
+            out / "monitor",
+            out / "learning_curve.png",
+            base,
+            f"feather-train {args.algo}, seed {args.seed}, simulated server, {args.n_envs} envs",
+            ylabel="return: -duration / always-add's duration",
+        )
     else:
-        plot_curve(out / "monitor.csv", out / "learning_curve.png", base,
-                   f"feather-train {args.algo}, seed {args.seed}, {args.executor} executor, "
-                   f"{len(workloads)} training workloads")
+        plot_curve(
+            out / "monitor.csv",
+            out / "learning_curve.png",
+            base,
+            f"feather-train {args.algo}, seed {args.seed}, {args.executor} executor, "
+            f"{len(workloads)} training workloads",
+        )
     env.close()
-    print(f"feather-train: {model.num_timesteps} timesteps ({train_s:.0f} s this run) -> {model_path}")
-    print(f"  serve it: python -m sglang.launch_server ... --schedule-policy feather --feather-agent {args.algo}:{model_path}")
+    print(
+        f"feather-train: {model.num_timesteps} timesteps ({train_s:.0f} s this run) -> {model_path}"
+    )
+    print(
+        f"  serve it: python -m sglang.launch_server ... --schedule-policy feather --feather-agent {args.algo}:{model_path}"
+    )
     return 0
 
 
@@ -350,7 +495,11 @@ def _untrusted(latest: Path, buffer: Path) -> str | None:
             meta = json.loads(zf.read(META_MEMBER))
         check_manifest(latest, meta, str(latest))
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
-        reason = str(e) if isinstance(e, PolicyFileError) else f"{latest}: not a feather-train file ({e})"
+        reason = (
+            str(e)
+            if isinstance(e, PolicyFileError)
+            else f"{latest}: not a feather-train file ({e})"
+        )
         return f"{reason}; refusing to unpickle it"
     if buffer.exists():
         digest = buffer.with_name(buffer.name + ".sha256")
@@ -360,23 +509,38 @@ def _untrusted(latest: Path, buffer: Path) -> str | None:
 
 
 def _hyperparameters(model) -> dict:
-    keys = ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "ent_coef", "learning_rate", "buffer_size",
-            "learning_starts", "train_freq", "target_update_interval", "exploration_fraction", "exploration_final_eps")
-    return {k: getattr(model, k) for k in keys if isinstance(getattr(model, k, None), (int, float, str))}
+    keys = (
+        "n_steps",
+        "batch_size",
+        "n_epochs",
+        "gamma",
+        "gae_lambda",
+        "ent_coef",
+        "learning_rate",
+        "buffer_size",
+        "learning_starts",
+        "train_freq",
+        "target_update_interval",
+        "exploration_fraction",
+        "exploration_final_eps",
+    )
+    return {
+        k: getattr(model, k) for k in keys if isinstance(getattr(model, k, None), (int, float, str))
+    }
 
 
 def split_workloads(text: str) -> list[str]:
     """Workload specs from one command-line value: separated by ',' or ';'; a part that does not
     start with a workload name (or ``file:``) continues the previous spec's parameters, so
     ``gsp:groups=2,prompts_per_group=16,batchllm`` is two specs."""
-    from feather_sglang.workloads import WORKLOADS
+    from feather_bench.workloads import is_workload_name
 
     specs: list[str] = []
     for part in text.replace(";", ",").split(","):
         part = part.strip()
         if not part:
             continue
-        if part.split(":", 1)[0] in (*WORKLOADS, "file") or not specs:
+        if is_workload_name(part.split(":", 1)[0]) or part.startswith("file:") or not specs:
             specs.append(part)
         else:
             specs[-1] += "," + part

@@ -44,8 +44,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from feather_sglang.chunk_hash import CHUNK_HASH_ROOT_SEED, hash_chunk, hash_chunks_from, token_bytes
-
+from feather_sglang.chunk_hash import (
+    CHUNK_HASH_ROOT_SEED,
+    hash_chunk,
+    hash_chunks_from,
+    token_bytes,
+)
 
 # NOTE: stale entries of a node's heap (pushed before a key changed, or left behind by requests
 # that left the queue) are skipped at the top; rebuilding the heap once they outnumber its live
@@ -364,8 +368,12 @@ class ChunkedHashTree:
         keys = self._keys_reusing_nodes(buffer, tokens)
         # What a new node keeps: the caller's array('q') itself (a view would pin its buffer),
         # else the int64 tokens (a view of immutable bytes or of the caller's numpy array).
-        in_place = (isinstance(token_ids, array.array) and token_ids.typecode in "ql"
-                    and token_ids.itemsize == 8 and sys.byteorder == "little")
+        in_place = (
+            isinstance(token_ids, array.array)
+            and token_ids.typecode in "ql"
+            and token_ids.itemsize == 8
+            and sys.byteorder == "little"
+        )
         keep = token_ids if in_place else tokens
         self._add(rid, keys, keep, len(tokens))
 
@@ -454,7 +462,9 @@ class ChunkedHashTree:
             if stop > total_tokens or (stop != total_tokens and stop != child.end * chunk):
                 break
             source = child.source
-            theirs = source if isinstance(source, np.ndarray) else np.frombuffer(source, dtype="<i8")
+            theirs = (
+                source if isinstance(source, np.ndarray) else np.frombuffer(source, dtype="<i8")
+            )
             if not np.array_equal(tokens[level * chunk : stop], theirs[level * chunk : stop]):
                 break
             keys.extend(child.keys[1:])
@@ -470,7 +480,9 @@ class ChunkedHashTree:
         while level < total:
             child = node.children.get(keys[level])
             if child is None:
-                child = _Node(level, total, array.array("Q", keys[level:]), node, source, num_tokens)
+                child = _Node(
+                    level, total, array.array("Q", keys[level:]), node, source, num_tokens
+                )
                 node.children[keys[level]] = child
                 return child
             # Levels of the child the new keys share: equal cumulative hashes at a level mean
@@ -493,8 +505,17 @@ class ChunkedHashTree:
         part, so leaves stay valid). Copies the waiting set: O(waiting through it)."""
         cut = level - node.start
         parent = node.parent
-        upper = _Node(node.start, level, node.keys[:cut], parent, node.source,
-                      level * self.chunk_size, {node.keys[cut]: node}, node.running, node.waiting)
+        upper = _Node(
+            node.start,
+            level,
+            node.keys[:cut],
+            parent,
+            node.source,
+            level * self.chunk_size,
+            {node.keys[cut]: node},
+            node.running,
+            node.waiting,
+        )
         parent.children[node.keys[0]] = upper
         node.start, node.keys, node.parent = level, node.keys[cut:], upper
         # The lower part's entry moves from the parent's heap to the upper part's (which posts
@@ -588,7 +609,11 @@ class ChunkedHashTree:
         count changed, and climb while the posted keys change."""
         while node.parent is not None:
             top = _top(node)
-            key = None if top is None else (top[0] + (0 if node.running else node.end - node.start), top[1])
+            key = (
+                None
+                if top is None
+                else (top[0] + (0 if node.running else node.end - node.start), top[1])
+            )
             if key == node.key:
                 return
             parent = node.parent
@@ -648,7 +673,9 @@ def _deficit(request: _Request) -> int:
     return missing
 
 
-def with_costs(state, cht: ChunkedHashTree, rid: Hashable, deficit: int, free_slots: int, kv_free: int):
+def with_costs(
+    state, cht: ChunkedHashTree, rid: Hashable, deficit: int, free_slots: int, kv_free: int
+):
     """``state`` (an ``AgentState`` for waiting ``rid``) with what the candidate and the running
     batch cost in tokens, as the CHT sees them (chunks x chunk size; see ``AgentState``)."""
     chunk, chunks = cht.chunk_size, cht.num_chunks(rid)

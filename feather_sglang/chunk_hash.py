@@ -39,7 +39,11 @@ def token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
     """
     if isinstance(token_ids, array.array):
         # SGLang's Req.origin_input_ids is array("q"): read its buffer in place, no copy.
-        token_ids = np.frombuffer(token_ids, dtype=token_ids.typecode) if token_ids else np.empty(0, _TOKEN_DTYPE)
+        token_ids = (
+            np.frombuffer(token_ids, dtype=token_ids.typecode)
+            if token_ids
+            else np.empty(0, _TOKEN_DTYPE)
+        )
     if isinstance(token_ids, np.ndarray):
         if token_ids.ndim != 1:
             raise ValueError(f"token_ids must be 1-D, got shape {token_ids.shape}")
@@ -80,7 +84,9 @@ def hash_chunk(buffer: bytes | memoryview, chunk_size: int, index: int, seed: in
     return xxhash.xxh3_64_intdigest(buffer[start : start + chunk_bytes], seed=seed)
 
 
-def hash_chunks_from(buffer: bytes | memoryview, chunk_size: int, first: int, seed: int) -> list[int]:
+def hash_chunks_from(
+    buffer: bytes | memoryview, chunk_size: int, first: int, seed: int
+) -> list[int]:
     """The cumulative hashes of chunks ``first, first + 1, ...`` of ``buffer`` (from
     :func:`token_bytes`), given ``seed``: the hash of chunk ``first - 1``
     (``CHUNK_HASH_ROOT_SEED`` when ``first`` is 0). ``chunk_hashes`` is ``first = 0``."""

@@ -184,12 +184,18 @@ class AdmissionPlanner:
         self._oldest_scan = iter(self._waiting_since)
 
         def room() -> bool:
-            return len(plan.rids) < max_new and (token_budget is None or planned_tokens < token_budget)
+            return len(plan.rids) < max_new and (
+                token_budget is None or planned_tokens < token_budget
+            )
 
         while room() and (group := self._starved_group()):
             # A group whose shared prefix is not cached yet: its oldest computes it alone first.
             lead = group[0]
-            leader = leader_check and cht.deficit(lead) > 0 and self._needs_leader(lead, cached_prefix_tokens)
+            leader = (
+                leader_check
+                and cht.deficit(lead) > 0
+                and self._needs_leader(lead, cached_prefix_tokens)
+            )
             for rid in group:
                 if not room():
                     break
@@ -229,16 +235,25 @@ class AdmissionPlanner:
                 view.chunks_after,
                 view.waiting,
                 cht.num_waiting,
-                headroom if headroom is not None
+                headroom
+                if headroom is not None
                 else _headroom(kv_free_tokens, kv_capacity_tokens, planned_tokens),
             )
             if costs:
-                state = with_costs(state, cht, rid, view.deficit, max_new - len(rids),
-                                   -1 if kv_free_tokens is None else max(kv_free_tokens - planned_tokens, 0))
+                state = with_costs(
+                    state,
+                    cht,
+                    rid,
+                    view.deficit,
+                    max_new - len(rids),
+                    -1 if kv_free_tokens is None else max(kv_free_tokens - planned_tokens, 0),
+                )
             if decide(state) is Action.STOP:
                 plan.stop_reason = "agent"
                 break
-            leader = leader_check and view.deficit > 0 and self._needs_leader(rid, cached_prefix_tokens)
+            leader = (
+                leader_check and view.deficit > 0 and self._needs_leader(rid, cached_prefix_tokens)
+            )
             planned_tokens += view.deficit * chunk_size
             admit(rid)
             on_admit(state)
@@ -256,8 +271,12 @@ class AdmissionPlanner:
         agent.on_step(batch_size, seconds)
         if decode:
             chunk = self.config.chunk_size
-            agent.on_decode_step(batch_size, self.cht.working_set_chunks * chunk,
-                                 self.cht.running_chunks * chunk, seconds)
+            agent.on_decode_step(
+                batch_size,
+                self.cht.working_set_chunks * chunk,
+                self.cht.running_chunks * chunk,
+                seconds,
+            )
 
     def _finish_plan(self, plan: Plan, start: float) -> Plan:
         self._pending = list(plan.rids)
@@ -283,7 +302,9 @@ class AdmissionPlanner:
         if drain:
             return drain
         deadline = self.clock() - self.config.max_wait_s
-        oldest = next((rid for rid in self._oldest_scan if cht.state(rid) is RequestState.WAITING), None)
+        oldest = next(
+            (rid for rid in self._oldest_scan if cht.state(rid) is RequestState.WAITING), None
+        )
         if oldest is None or self._waiting_since[oldest] >= deadline:
             return drain
         # The group's starved members, oldest first, from the group itself: O(g log g) for a

@@ -4,7 +4,7 @@
 #   2. the attention benchmark on GPU: feather's fused Triton kernel vs SGLang's Triton decode
 #      kernel vs FlashInfer's cascade attention (where flashinfer imports), with a correctness
 #      check of every kernel against the torch reference before it is timed
-#      (scripts/bench_attention_gpu.py; table printed, JSON written).
+#      (python -m feather_bench.attention_gpu; table printed, JSON written).
 #
 #   bash scripts/gpu_check.sh [OUTDIR]      # OUTDIR default: $OUT if set, else results/
 #   make gpu-check
@@ -12,18 +12,17 @@
 # Writes OUTDIR/gpu_check.log (everything printed) and OUTDIR/bench_attention_gpu.json.
 # Robust on a bare machine: says what is missing (GPU, torch, triton, pytest, sglang,
 # flashinfer) and runs what it can; without a GPU it runs the CPU smoke check
-# (bench_attention_gpu.py --smoke under TRITON_INTERPRET=1) and exits 2.
+# (feather_bench.attention_gpu --smoke under TRITON_INTERPRET=1) and exits 2.
 # Python: $PYTHON if set, else the first of .venv/bin/python, python3, python whose torch sees
 # a CUDA GPU (the project's .venv holds a CPU torch), else the first that imports torch.
 # SGLang's decode kernel: the sglang package where it imports, else its source files
-# (bench_attention_gpu.py --sglang-src; by default .venv/lib/python3*/site-packages/sglang/
+# (feather_bench.attention_gpu --sglang-src; by default .venv/lib/python3*/site-packages/sglang/
 # kernels/ops/attention, which can be copied to a GPU machine that lacks sglang).
 # Exit status: 0 all passed, 1 a step failed or timed out, 2 no GPU (GPU checks not run).
 #
 #   3. where sglang imports: a real server with --schedule-policy feather --attention-backend
 #      feather and CUDA graphs left at SGLang's default (feather turns them off, with a log
 #      line), answering one request (GPU_CHECK_MODEL, default models/tiny-llama).
-# On a machine that lacks sglang, copy the kernel files named above beside the repository.
 
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -90,39 +89,7 @@ main() {
         return 1
     fi
     echo "   python: $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])' 2>&1))"
-    "$PY" - <<'EOF'
-import importlib, importlib.util, os, sys
-sys.path.insert(0, os.getcwd())
-def line(name, fn):
-    try:
-        print(f"   {name}: {fn()}")
-    except Exception as e:  # noqa: BLE001
-        print(f"   {name}: MISSING ({type(e).__name__}: {str(e)[:200]})")
-def torch_line():
-    import torch
-    gpu = (f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}"
-           if torch.cuda.is_available() else "NO GPU visible")
-    return f"{torch.__version__} ({gpu})"
-line("torch", torch_line)
-line("triton", lambda: importlib.import_module("triton").__version__)
-line("pytest", lambda: importlib.import_module("pytest").__version__)
-line("feather_kernels", lambda: importlib.import_module("feather_kernels").__file__)
-def sglang_line():
-    try:
-        importlib.import_module("sglang.kernels.ops.attention.decode_attention")
-        return "package imports (its decode kernel is used from it)"
-    except Exception as e:  # noqa: BLE001
-        sys.argv = ["x"]
-        import scripts.bench_attention_gpu as b  # noqa: E402
-        src = b._find_sglang_src(None)
-        if src is None:
-            raise RuntimeError(f"package import failed ({type(e).__name__}) and no source "
-                               "files: the benchmark's sglang rows are skipped") from None
-        return (f"package import failed ({type(e).__name__}: {str(e)[:80]}); the decode "
-                f"kernel is loaded from {src}")
-line("sglang", sglang_line)
-line("flashinfer", lambda: importlib.import_module("flashinfer").__version__)
-EOF
+    "$PY" -m feather_bench.gpu_check versions
 
     if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
             >/dev/null 2>&1; then
@@ -130,7 +97,7 @@ EOF
         echo "== NO NVIDIA GPU visible to torch (or no torch): the GPU kernel tests and the GPU benchmark"
         echo "   cannot run here. Running the CPU smoke check instead (correctness only)."
         if "$PY" -c "import torch, triton" >/dev/null 2>&1; then
-            TRITON_INTERPRET=1 timeout 240 "$PY" scripts/bench_attention_gpu.py --smoke \
+            TRITON_INTERPRET=1 timeout 240 "$PY" -m feather_bench.attention_gpu --smoke \
                 --json "$OUTDIR/bench_attention_gpu_smoke.json"
             echo "== smoke check: $(step_status $?)"
         else
@@ -155,7 +122,7 @@ EOF
 
     echo
     echo "== 2/3 attention benchmark on GPU (timeout ${BENCH_TIMEOUT} s)"
-    timeout "$BENCH_TIMEOUT" "$PY" scripts/bench_attention_gpu.py \
+    timeout "$BENCH_TIMEOUT" "$PY" -m feather_bench.attention_gpu \
         --json "$OUTDIR/bench_attention_gpu.json" --budget-s "$BENCH_BUDGET"
     rc_bench=$?
     echo "== attention benchmark: $(step_status "$rc_bench") (rc 1 = a kernel did not match the reference)"
@@ -164,19 +131,7 @@ EOF
     local rc_server=skip model=${GPU_CHECK_MODEL:-models/tiny-llama}
     echo "== 3/3 a feather server on the GPU, CUDA graphs at SGLang's default (timeout ${SERVER_TIMEOUT} s)"
     if "$PY" -c "import sglang.srt.entrypoints.http_server" >/dev/null 2>&1 && [ -d "$model" ]; then
-        timeout "$SERVER_TIMEOUT" "$PY" - "$model" "$OUTDIR/gpu_server.log" <<'PYSERVER'
-import sys, requests
-from feather_sglang.tools.server import SGLangServer
-model, log = sys.argv[1], sys.argv[2]
-with SGLangServer(model, "feather", ["--attention-backend", "feather"], log_path=log) as server:
-    r = requests.post(server.url + "/generate", timeout=120, json={
-        "text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
-    print("   answer:", r.status_code, r.json().get("text"))
-text = open(log).read()
-ok = r.status_code == 200 and "CUDA graphs are disabled because of --attention-backend feather" in text
-print("   CUDA graphs turned off with a log line:", ok)
-sys.exit(0 if ok else 1)
-PYSERVER
+        timeout "$SERVER_TIMEOUT" "$PY" -m feather_bench.gpu_check server "$model" "$OUTDIR/gpu_server.log"
         rc_server=$?
     else
         echo "   sglang does not import here, or no $model: server check skipped"

@@ -5,4 +5,11 @@ from feather_rl.executors.batch import BatchKey, Measurement
 from feather_rl.executors.real import RealExecutor
 from feather_rl.executors.replay import DEFAULT_RECORDING, RecordingError, ReplayExecutor
 
-__all__ = ["BatchKey", "Measurement", "RealExecutor", "ReplayExecutor", "RecordingError", "DEFAULT_RECORDING"]
+__all__ = [
+    "BatchKey",
+    "Measurement",
+    "RealExecutor",
+    "ReplayExecutor",
+    "RecordingError",
+    "DEFAULT_RECORDING",
+]

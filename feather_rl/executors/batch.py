@@ -30,7 +30,9 @@ class BatchKey:
     @classmethod
     def of(cls, prompts: list[tuple[int, ...]] | tuple[tuple[int, ...], ...]) -> "BatchKey":
         total = sum(len(p) for p in prompts)
-        distinct: dict[tuple[int, int], int] = {}  # (level, cumulative hash) -> tokens in that chunk
+        distinct: dict[
+            tuple[int, int], int
+        ] = {}  # (level, cumulative hash) -> tokens in that chunk
         for p in prompts:
             for level, key in enumerate(chunk_hashes(p, SHARING_CHUNK)):
                 distinct[(level, key)] = min(SHARING_CHUNK, len(p) - level * SHARING_CHUNK)
@@ -40,7 +42,11 @@ class BatchKey:
     def coords(self) -> tuple[float, float, float]:
         """Where the key sits for nearest-neighbour lookups: log2 batch size, log2 mean prompt
         length (a doubling is one unit on both), and 4 x shared fraction (0.25 apart is one unit)."""
-        return (math.log2(max(self.batch_size, 1)), math.log2(max(self.mean_prompt, 1.0)), 4.0 * self.shared_frac)
+        return (
+            math.log2(max(self.batch_size, 1)),
+            math.log2(max(self.mean_prompt, 1.0)),
+            4.0 * self.shared_frac,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +65,22 @@ class Measurement:
         return self.decode_tokens / self.decode_s
 
     def to_json(self) -> dict:
-        return {**asdict(self.key), "decode_tokens": self.decode_tokens, "decode_s": round(self.decode_s, 6),
-                "tokens_per_s": round(self.tokens_per_s, 3), "output_len": self.output_len, "backend": self.backend}
+        return {
+            **asdict(self.key),
+            "decode_tokens": self.decode_tokens,
+            "decode_s": round(self.decode_s, 6),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "output_len": self.output_len,
+            "backend": self.backend,
+        }
 
     @classmethod
     def from_json(cls, obj: dict) -> "Measurement":
         key = BatchKey(int(obj["batch_size"]), float(obj["mean_prompt"]), float(obj["shared_frac"]))
-        return cls(key, int(obj["decode_tokens"]), float(obj["decode_s"]), int(obj["output_len"]), obj["backend"])
+        return cls(
+            key,
+            int(obj["decode_tokens"]),
+            float(obj["decode_s"]),
+            int(obj["output_len"]),
+            obj["backend"],
+        )

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from feather_bench.tools.engine import shutdown_engine
 from feather_rl.executors.batch import BatchKey, Measurement
-from feather_sglang.tools.engine import shutdown_engine
 
 # NOTE: 64 running requests and 64K KV tokens cover every batch the environment forms from the
 # built-in workloads (at most 64 requests of <= 1100 tokens, most of them shared).
@@ -53,9 +53,15 @@ class RealExecutor:
             import sglang
 
             self._engine = sglang.Engine(
-                model_path=str(self.model_path), schedule_policy="fcfs", attention_backend=self.attention_backend,
-                max_running_requests=self.max_batch, max_total_tokens=self.max_total_tokens,
-                skip_tokenizer_init=True, log_level="error", random_seed=0, **self.engine_kwargs,
+                model_path=str(self.model_path),
+                schedule_policy="fcfs",
+                attention_backend=self.attention_backend,
+                max_running_requests=self.max_batch,
+                max_total_tokens=self.max_total_tokens,
+                skip_tokenizer_init=True,
+                log_level="error",
+                random_seed=0,
+                **self.engine_kwargs,
             )
             # warm-up: the first forward passes pay one-time costs
             self._engine.generate(input_ids=[[100] * 64] * 2, sampling_params={"max_new_tokens": 4})
@@ -65,25 +71,36 @@ class RealExecutor:
         """Model, backend and the server settings the measurements were taken with."""
         engine = self.start()
         args = engine.server_args
-        return {"model": Path(self.model_path).name, "attention_backend": self.attention_backend,
-                "dtype": str(args.dtype), "device": str(args.device), "max_running_requests": self.max_batch,
-                "max_total_tokens": self.max_total_tokens}
+        return {
+            "model": Path(self.model_path).name,
+            "attention_backend": self.attention_backend,
+            "dtype": str(args.dtype),
+            "device": str(args.device),
+            "max_running_requests": self.max_batch,
+            "max_total_tokens": self.max_total_tokens,
+        }
 
     def measure(self, prompts: Sequence[Sequence[int]], output_len: int) -> Measurement:
         """Decode throughput of ``prompts`` run together, ``output_len`` tokens each (>= 2)."""
         if not 1 <= len(prompts) <= self.max_batch:
-            raise ValueError(f"batch of {len(prompts)} requests: this executor runs 1..{self.max_batch}")
+            raise ValueError(
+                f"batch of {len(prompts)} requests: this executor runs 1..{self.max_batch}"
+            )
         if output_len < 2:
             raise ValueError("output_len must be >= 2: decode starts after the first token")
         engine = self.start()
         runs = []
         for _ in range(self.repeats):
             engine.flush_cache()
-            engine.generate(input_ids=[list(p) for p in prompts], sampling_params={"max_new_tokens": 1})
+            engine.generate(
+                input_ids=[list(p) for p in prompts], sampling_params={"max_new_tokens": 1}
+            )
             runs.append(engine.loop.run_until_complete(self._stream_all(prompts, output_len)))
             engine.flush_cache()
         tokens, seconds = sorted(runs, key=lambda r: r[0] / r[1])[len(runs) // 2]
-        return Measurement(BatchKey.of([tuple(p) for p in prompts]), tokens, seconds, output_len, self.backend)
+        return Measurement(
+            BatchKey.of([tuple(p) for p in prompts]), tokens, seconds, output_len, self.backend
+        )
 
     async def _stream_all(self, prompts, output_len: int) -> tuple[int, float]:
         params = {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}
@@ -92,13 +109,17 @@ class RealExecutor:
         window_end = max(s[-1][0] for s in streams)
         tokens = sum(n for s in streams for t, n in s if t > window_start)
         if window_end <= window_start or tokens == 0:
-            raise RuntimeError("no decode tokens after the last first token: batch did not decode together")
+            raise RuntimeError(
+                "no decode tokens after the last first token: batch did not decode together"
+            )
         return tokens, window_end - window_start
 
     async def _stream_one(self, ids: list[int], params: dict) -> list[tuple[float, int]]:
         """(arrival time, new tokens) per streamed chunk."""
         out, seen = [], 0
-        async for chunk in await self._engine.async_generate(input_ids=ids, sampling_params=params, stream=True):
+        async for chunk in await self._engine.async_generate(
+            input_ids=ids, sampling_params=params, stream=True
+        ):
             done = chunk["meta_info"]["completion_tokens"]
             out.append((time.perf_counter(), done - seen))
             seen = done

@@ -29,7 +29,12 @@ class RecordingError(ValueError):
 class ReplayExecutor:
     """Throughput of a batch from a recording of the real executor (see module docstring)."""
 
-    def __init__(self, recording: str | Path = DEFAULT_RECORDING, backend: str | None = None, k: int = NEAREST_K):
+    def __init__(
+        self,
+        recording: str | Path = DEFAULT_RECORDING,
+        backend: str | None = None,
+        k: int = NEAREST_K,
+    ):
         path = Path(recording)
         if not path.is_file():
             raise RecordingError(f"recording {path} does not exist; make one with feather-record")
@@ -43,8 +48,10 @@ class ReplayExecutor:
         self.backend = backend or (backends[0] if len(backends) == 1 else "feather")
         self.measurements = [m for m in measurements if m.backend == self.backend]
         if not self.measurements:
-            raise RecordingError(f"recording {path} has no measurements for backend {self.backend!r} "
-                                 f"(it has {', '.join(backends) or 'none'})")
+            raise RecordingError(
+                f"recording {path} has no measurements for backend {self.backend!r} "
+                f"(it has {', '.join(backends) or 'none'})"
+            )
         self.path = path
         self.k = k
         self.output_len = self.measurements[0].output_len
@@ -56,7 +63,9 @@ class ReplayExecutor:
         if exact:
             return sum(exact) / len(exact)
         q = key.coords()
-        dists = sorted((math.dist(q, c), m.tokens_per_s) for c, m in zip(self._coords, self.measurements))
+        dists = sorted(
+            (math.dist(q, c), m.tokens_per_s) for c, m in zip(self._coords, self.measurements)
+        )
         nearest = dists[: self.k]
         if nearest[0][0] < 1e-9:
             same = [t for d, t in nearest if d < 1e-9]
@@ -68,11 +77,17 @@ class ReplayExecutor:
         key = BatchKey.of([tuple(p) for p in prompts])
         tokens_per_s = self.throughput(key)
         decode_tokens = key.batch_size * (output_len - 1)
-        return Measurement(key, decode_tokens, decode_tokens / tokens_per_s, output_len, self.backend)
+        return Measurement(
+            key, decode_tokens, decode_tokens / tokens_per_s, output_len, self.backend
+        )
 
     def describe(self) -> dict:
-        return {"recording": str(self.path), "backend": self.backend, "measurements": len(self.measurements),
-                "recorded": self.provenance}
+        return {
+            "recording": str(self.path),
+            "backend": self.backend,
+            "measurements": len(self.measurements),
+            "recorded": self.provenance,
+        }
 
     def close(self) -> None:
         pass

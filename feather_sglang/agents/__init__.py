@@ -31,6 +31,11 @@ def agent_names() -> list[str]:
     return sorted(_AGENTS)
 
 
+def agent_classes() -> list[type[StopAddAgent]]:
+    """The registered agent classes, in registration order."""
+    return list(_AGENTS.values())
+
+
 def agent_choices() -> list[str]:
     """What ``--feather-agent`` accepts, for messages: names, and ``name:PATH`` forms."""
     return [f"{n}:PATH" if getattr(_AGENTS[n], "takes_path", False) else n for n in agent_names()]
@@ -63,10 +68,34 @@ def make_agent(config: "FeatherConfig") -> StopAddAgent:
     return cls(config)
 
 
-for _cls in (AdmitAgent, ThroughputAgent, StaticRuleAgent, UCBAgent, QLearningAgent, PPOAgent, DQNAgent):
+for _cls in (
+    AdmitAgent,
+    ThroughputAgent,
+    StaticRuleAgent,
+    UCBAgent,
+    QLearningAgent,
+    PPOAgent,
+    DQNAgent,
+):
     register_agent(_cls)
 
 __all__ = [
-    "Action", "AdmitAgent", "AgentState", "ServerShape", "StopAddAgent", "ThroughputAgent", "StaticRuleAgent", "UCBAgent", "QLearningAgent", "PPOAgent",
-    "DQNAgent", "PolicyFileError", "agent_choices", "agent_names", "make_agent", "register_agent", "validate_agent",
+    "Action",
+    "AdmitAgent",
+    "AgentState",
+    "ServerShape",
+    "StopAddAgent",
+    "ThroughputAgent",
+    "StaticRuleAgent",
+    "UCBAgent",
+    "QLearningAgent",
+    "PPOAgent",
+    "DQNAgent",
+    "PolicyFileError",
+    "agent_choices",
+    "agent_classes",
+    "agent_names",
+    "make_agent",
+    "register_agent",
+    "validate_agent",
 ]

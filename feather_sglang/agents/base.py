@@ -96,6 +96,14 @@ class StopAddAgent(ABC):
     name: ClassVar[str]
     # True: the planner fills AgentState's token costs (three more O(path) walks per pick).
     wants_costs: ClassVar[bool] = False
+    # The agent's own settings: field name -> (type, feather_sglang.options.opt(...)). They
+    # become FeatherConfig fields (``--feather-<name>`` flags), whichever agent is chosen.
+    options: ClassVar[dict[str, tuple[type, object]]] = {}
+
+    @staticmethod
+    def check_options(config: "FeatherConfig") -> None:
+        """Checks across this agent's settings (each field's own check has run); raises
+        FeatherConfigError."""
 
     def __init__(self, config: "FeatherConfig") -> None:
         self.config = config
@@ -112,7 +120,9 @@ class StopAddAgent(ABC):
     def on_step(self, batch_size: int, step_time_s: float) -> None:
         """One forward step of ``batch_size`` requests took ``step_time_s`` seconds."""
 
-    def on_decode_step(self, batch_size: int, unique_tokens: int, tokens: int, step_time_s: float) -> None:
+    def on_decode_step(
+        self, batch_size: int, unique_tokens: int, tokens: int, step_time_s: float
+    ) -> None:
         """One decode step of ``batch_size`` requests over ``tokens`` prompt tokens
         (``unique_tokens`` with shared chunks counted once) took ``step_time_s`` seconds."""
 

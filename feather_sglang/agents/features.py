@@ -38,8 +38,18 @@ from feather_sglang.agents.step_model import StepTimeModel
 from feather_sglang.agents.throughput import group_gain
 
 OBS_FIELDS = (
-    "batch_fill", "chunk_loss", "chunks_before", "chunks_after", "waiting", "queue_len", "memory_headroom",
-    "group_kv_need", "group_share", "predicted_gain", "prefix_shared", "own_fraction",
+    "batch_fill",
+    "chunk_loss",
+    "chunks_before",
+    "chunks_after",
+    "waiting",
+    "queue_len",
+    "memory_headroom",
+    "group_kv_need",
+    "group_share",
+    "predicted_gain",
+    "prefix_shared",
+    "own_fraction",
 )
 OBS_VERSION = 2
 OBS_DIM = len(OBS_FIELDS)
@@ -87,6 +97,7 @@ def observe(state: AgentState, model: StepTimeModel) -> np.ndarray:
 def layout() -> dict:
     """What a trained policy file records about the observations it was trained on."""
     return {
-        "obs_version": OBS_VERSION, "obs_fields": list(OBS_FIELDS),
+        "obs_version": OBS_VERSION,
+        "obs_fields": list(OBS_FIELDS),
         "scales": {"chunk": CHUNK_SCALE, "count": COUNT_SCALE},
     }

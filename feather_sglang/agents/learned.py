@@ -46,7 +46,11 @@ def manifest_of(path: str | Path) -> dict[str, str]:
     feather-train writes it, and a file whose members do not match it was not (or was changed
     since)."""
     with zipfile.ZipFile(path) as zf:
-        return {n: hashlib.sha256(zf.read(n)).hexdigest() for n in sorted(zf.namelist()) if n != META_MEMBER}
+        return {
+            n: hashlib.sha256(zf.read(n)).hexdigest()
+            for n in sorted(zf.namelist())
+            if n != META_MEMBER
+        }
 
 
 def check_manifest(path: str | Path, meta: dict, where: str) -> None:
@@ -55,12 +59,16 @@ def check_manifest(path: str | Path, meta: dict, where: str) -> None:
     with zipfile.ZipFile(path) as zf:
         big = [i.filename for i in zf.infolist() if i.file_size > MAX_MEMBER_BYTES]
     if big:
-        raise PolicyFileError(f"{where}: member(s) {', '.join(big)} exceed {MAX_MEMBER_BYTES >> 20} MiB; "
-                              "not a feather-train policy file")
+        raise PolicyFileError(
+            f"{where}: member(s) {', '.join(big)} exceed {MAX_MEMBER_BYTES >> 20} MiB; "
+            "not a feather-train policy file"
+        )
     recorded = meta.get("manifest")
     if not isinstance(recorded, dict) or recorded != manifest_of(path):
-        raise PolicyFileError(f"{where}: its members do not match the manifest feather-train records; only "
-                              "files written by feather-train (and unchanged since) are loaded")
+        raise PolicyFileError(
+            f"{where}: its members do not match the manifest feather-train records; only "
+            "files written by feather-train (and unchanged since) are loaded"
+        )
 
 
 @dataclass(frozen=True)
@@ -94,30 +102,39 @@ def load_policy(path: str | Path, algo: str) -> NumpyPolicy:
     path = Path(path)
     where = f"{algo}:{path}"
     if not path.is_file():
-        raise PolicyFileError(f"{where}: no such file (train one with feather-train, or use the shipped "
-                              "feather_rl/agents/*.zip)")
+        raise PolicyFileError(
+            f"{where}: no such file (train one with feather-train, or use the shipped "
+            "feather_rl/agents/*.zip)"
+        )
     if not zipfile.is_zipfile(path):
         raise PolicyFileError(f"{where}: not a Stable-Baselines3 model file (.zip)")
     with zipfile.ZipFile(path) as zf:
         names = set(zf.namelist())
         if META_MEMBER not in names:
-            raise PolicyFileError(f"{where}: has no {META_MEMBER}; only models written by feather-train "
-                                  "record the observation layout they were trained on")
+            raise PolicyFileError(
+                f"{where}: has no {META_MEMBER}; only models written by feather-train "
+                "record the observation layout they were trained on"
+            )
         try:
             meta = json.loads(zf.read(META_MEMBER))
         except ValueError as e:
             raise PolicyFileError(f"{where}: {META_MEMBER} is not valid JSON ({e})") from None
         if meta.get("algo") != algo:
-            raise PolicyFileError(f"{where}: the file holds a {meta.get('algo')!r} policy, not {algo!r}; "
-                                  f"use --feather-agent {meta.get('algo')}:{path}")
+            raise PolicyFileError(
+                f"{where}: the file holds a {meta.get('algo')!r} policy, not {algo!r}; "
+                f"use --feather-agent {meta.get('algo')}:{path}"
+            )
         if meta.get("obs_version") != OBS_VERSION or meta.get("obs_fields") != list(OBS_FIELDS):
             raise PolicyFileError(
                 f"{where}: incompatible observation layout: trained on version {meta.get('obs_version')} "
                 f"{meta.get('obs_fields')}, this server observes version {OBS_VERSION} {list(OBS_FIELDS)}; "
-                "retrain with feather-train")
+                "retrain with feather-train"
+            )
         activation = meta.get("activation")
         if activation not in _ACTIVATIONS:
-            raise PolicyFileError(f"{where}: unknown activation {activation!r}; allowed: {', '.join(_ACTIVATIONS)}")
+            raise PolicyFileError(
+                f"{where}: unknown activation {activation!r}; allowed: {', '.join(_ACTIVATIONS)}"
+            )
         if WEIGHTS_MEMBER not in names:
             raise PolicyFileError(f"{where}: has no {WEIGHTS_MEMBER} (the network's weights)")
     check_manifest(path, meta, where)
@@ -125,10 +142,14 @@ def load_policy(path: str | Path, algo: str) -> NumpyPolicy:
         state_dict = _load_state_dict(zf.read(WEIGHTS_MEMBER), where)
     weights, biases = _extract_layers(state_dict, algo, where)
     if not all(np.isfinite(a).all() for a in (*weights, *biases)):
-        raise PolicyFileError(f"{where}: the network has non-finite weights (NaN or inf); retrain it")
+        raise PolicyFileError(
+            f"{where}: the network has non-finite weights (NaN or inf); retrain it"
+        )
     if weights[0].shape[0] != OBS_DIM or weights[-1].shape[1] != 2:
-        raise PolicyFileError(f"{where}: incompatible network: input {weights[0].shape[0]} (expected {OBS_DIM} "
-                              f"observations), output {weights[-1].shape[1]} (expected 2 actions)")
+        raise PolicyFileError(
+            f"{where}: incompatible network: input {weights[0].shape[0]} (expected {OBS_DIM} "
+            f"observations), output {weights[-1].shape[1]} (expected 2 actions)"
+        )
     for a, b in zip(weights, weights[1:]):
         if a.shape[1] != b.shape[0]:
             raise PolicyFileError(f"{where}: layer shapes do not chain: {a.shape} then {b.shape}")
@@ -144,17 +165,26 @@ def _load_state_dict(data: bytes, where: str) -> dict:
         raise PolicyFileError(f"{where}: cannot read {WEIGHTS_MEMBER}: {e}") from None
 
 
-def _extract_layers(state_dict: dict, algo: str, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _extract_layers(
+    state_dict: dict, algo: str, where: str
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     hidden_prefix, out_prefix = _LAYER_PREFIXES[algo]
-    indices = sorted({int(k[len(hidden_prefix):].split(".")[0]) for k in state_dict
-                      if k.startswith(hidden_prefix) and k.endswith(".weight")})
+    indices = sorted(
+        {
+            int(k[len(hidden_prefix) :].split(".")[0])
+            for k in state_dict
+            if k.startswith(hidden_prefix) and k.endswith(".weight")
+        }
+    )
     prefixes = [f"{hidden_prefix}{i}." for i in indices] + ([out_prefix] if out_prefix else [])
     weights, biases = [], []
     for prefix in prefixes:
         try:
             w, b = state_dict[prefix + "weight"], state_dict[prefix + "bias"]
         except KeyError:
-            raise PolicyFileError(f"{where}: the weights have no {prefix}weight/bias: not an SB3 {algo} MlpPolicy") from None
+            raise PolicyFileError(
+                f"{where}: the weights have no {prefix}weight/bias: not an SB3 {algo} MlpPolicy"
+            ) from None
         weights.append(np.ascontiguousarray(w.detach().cpu().numpy().T, dtype=np.float32))
         biases.append(np.ascontiguousarray(b.detach().cpu().numpy(), dtype=np.float32))
     if not weights:

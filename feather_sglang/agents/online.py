@@ -65,7 +65,9 @@ class OnlineLearner(StopAddAgent):
     def choose(self, key: tuple[int, int, int]) -> Action: ...
 
     @abstractmethod
-    def learn(self, decisions: list[tuple[tuple[int, int, int], Action]], reward: float) -> None: ...
+    def learn(
+        self, decisions: list[tuple[tuple[int, int, int], Action]], reward: float
+    ) -> None: ...
 
     def decide(self, state: AgentState) -> Action:
         if forced_add(state):

@@ -51,7 +51,9 @@ class QLearningAgent(OnlineLearner):
             if action is Action.STOP or i == last:
                 target = reward
             else:
-                target = (1 - QL_GAMMA) * reward + QL_GAMMA * float(np.max(self.q[decisions[i + 1][0]]))
+                target = (1 - QL_GAMMA) * reward + QL_GAMMA * float(
+                    np.max(self.q[decisions[i + 1][0]])
+                )
             self.visits[index] += 1
             alpha = max(QL_ALPHA_MIN, 1.0 / self.visits[index])
             self.q[index] += alpha * (target - self.q[index])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from feather_sglang.agents.base import Action, AgentState, StopAddAgent
+from feather_sglang.options import FeatherConfigError, int_at_least, opt
 
 
 class StaticRuleAgent(StopAddAgent):
@@ -24,6 +25,50 @@ class StaticRuleAgent(StopAddAgent):
     """
 
     name = "static"
+    # The rule's settings, --feather-static-* on the command line.
+    options = {
+        "static_max_loss": (
+            int,
+            opt(
+                5,
+                int_at_least(0),
+                "Static rule: largest shared-prefix loss, in chunks, that still admits (>= 0).",
+            ),
+        ),
+        "static_max_loss_crowded": (
+            int,
+            opt(
+                7,
+                int_at_least(0),
+                "Static rule: largest loss, in chunks, admitted when many waiting requests share the "
+                "new depth (>= 0).",
+            ),
+        ),
+        "static_crowd_threshold": (
+            int,
+            opt(
+                10,
+                int_at_least(1),
+                "Static rule: waiting requests sharing the new depth that count as 'many' (>= 1).",
+            ),
+        ),
+        "static_floor_max": (
+            int,
+            opt(
+                10,
+                int_at_least(1),
+                "Static rule: the batch-size floor below which anything is admitted grows up to this (>= 1).",
+            ),
+        ),
+    }
+
+    @staticmethod
+    def check_options(config) -> None:
+        if config.static_max_loss_crowded < config.static_max_loss:
+            raise FeatherConfigError(
+                f"--feather-static-max-loss-crowded ({config.static_max_loss_crowded}) must be >= "
+                f"--feather-static-max-loss ({config.static_max_loss})"
+            )
 
     def __init__(self, config) -> None:
         super().__init__(config)

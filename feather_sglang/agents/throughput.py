@@ -67,14 +67,18 @@ class ThroughputAgent(StopAddAgent):
         _, gain = group_gain(self.model, state)
         return Action.ADD if gain >= MIN_THROUGHPUT_RATIO else Action.STOP
 
-    def on_decode_step(self, batch_size: int, unique_tokens: int, tokens: int, step_time_s: float) -> None:
+    def on_decode_step(
+        self, batch_size: int, unique_tokens: int, tokens: int, step_time_s: float
+    ) -> None:
         self.model.observe(batch_size, self.model.attended(unique_tokens, tokens), step_time_s)
 
     def describe(self) -> str:
         a, b, c = self.model.coef
-        return (f"step model: {1e3 * a:.1f} ms + {1e3 * b:.2f} ms/request + {1e6 * c:.2f} ms/1k tokens "
-                f"({'prefix-shared' if self.model.prefix_shared else 'per-request'} attention, "
-                f"{self.model.steps_seen} decode steps seen)")
+        return (
+            f"step model: {1e3 * a:.1f} ms + {1e3 * b:.2f} ms/request + {1e6 * c:.2f} ms/1k tokens "
+            f"({'prefix-shared' if self.model.prefix_shared else 'per-request'} attention, "
+            f"{self.model.steps_seen} decode steps seen)"
+        )
 
     # NOTE: decide() changes nothing; the model changes only in on_decode_step, between passes.
     def checkpoint(self) -> object:

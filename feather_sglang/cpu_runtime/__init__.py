@@ -25,22 +25,25 @@ this is installed or applied; the plugin itself works unchanged.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 PTH_NAME = "feather_sglang_cpu_runtime.pth"
 # One line that Python's site module executes at every start-up: it imports the boot module
 # only while feather_sglang is installed, so a .pth left behind by an uninstall does nothing.
-PTH_LINE = ('import importlib.util as _feather_u; '
-            '_feather_u.find_spec("feather_sglang") and __import__("feather_sglang.cpu_runtime.boot")\n')
+PTH_LINE = (
+    "import importlib.util as _feather_u; "
+    '_feather_u.find_spec("feather_sglang") and __import__("feather_sglang.cpu_runtime.boot")\n'
+)
 ENV_DISABLE = "FEATHER_CPU_RUNTIME_DISABLE"  # set to 1 to switch the runtime off
 ENV_APPLIED = "FEATHER_CPU_RUNTIME_APPLIED"  # set by apply(), inherited by children
 REQUIREMENTS = Path(__file__).with_name("requirements-cpu.txt")
 
 # Flags a CPU server needs in sglang 0.5.23 (what they fix is in the module docstring).
 RECOMMENDED_SERVER_FLAGS = (
-    "--device", "cpu",
-    "--attention-backend", "torch_native",
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
     "--disable-overlap-schedule",
 )
 # CPU features with bf16 arithmetic; without them bf16 is emulated and fp32 is fastest.
@@ -62,7 +65,7 @@ def cpu_flags() -> frozenset[str]:
 def fastest_cpu_dtype() -> str:
     """The model dtype that serves fastest on this CPU.
 
-    Measured with ``scripts/bench_dtype.py`` (SmolLM2-135M, feather, 32 requests, medians of 2
+    Measured with ``python -m feather_bench.dtype`` (SmolLM2-135M, feather, 32 requests, medians of 2
     rounds) on the project machine (AMD EPYC with avx512_bf16, 2 cores): ~130-token prompts
     bfloat16 170, float32 144, float16 57 output tok/s; ~740-token prompts bfloat16 38.1,
     float32 38.8, float16 18.7 (there the per-request attention loop dominates). sglang's
@@ -77,13 +80,19 @@ def server_defaults(values: dict) -> dict:
     """The server settings this runtime changes on a GPU-less host, given the current ones
     (ServerArgs field names -> values). Only settings left at sglang's defaults are changed;
     returns {field: new value}, empty where a GPU is present or nothing needs changing."""
-    if accelerator_present() or os.environ.get(ENV_DISABLE) == "1" or values.get("device") not in (None, "cpu"):
+    if (
+        accelerator_present()
+        or os.environ.get(ENV_DISABLE) == "1"
+        or values.get("device") not in (None, "cpu")
+    ):
         return {}
     changes = {}
     if values.get("device") is None:
         changes["device"] = "cpu"
     if values.get("attention_backend") is None:
-        changes["attention_backend"] = "torch_native"  # the x86 default (intel_amx) needs sgl_kernel
+        changes["attention_backend"] = (
+            "torch_native"  # the x86 default (intel_amx) needs sgl_kernel
+        )
     if not values.get("disable_overlap_schedule"):
         changes["disable_overlap_schedule"] = True  # overlap on: 6.6 tok/s, off: 92 tok/s
     if values.get("dtype") in (None, "auto"):
@@ -96,7 +105,8 @@ def gpu_present() -> bool:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
         return False
     return any(
-        Path(p).exists() for p in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/kfd", "/proc/driver/nvidia")
+        Path(p).exists()
+        for p in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/kfd", "/proc/driver/nvidia")
     )
 
 

@@ -66,7 +66,9 @@ class _StandInModule(types.ModuleType):
     def __getattr__(self, name: str):
         if os.environ.get("FEATHER_SGL_KERNEL_TRACE") == "1" and not name.startswith("__"):
             print(f"feather sgl_kernel stand-in: missing name {name!r}", file=sys.stderr)
-        raise AttributeError(f"module 'sgl_kernel' (feather CPU stand-in) has no attribute {name!r}")
+        raise AttributeError(
+            f"module 'sgl_kernel' (feather CPU stand-in) has no attribute {name!r}"
+        )
 
 
 class _StandInLoader(importlib.abc.Loader):
@@ -91,8 +93,13 @@ class SglKernelStandInFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != STANDIN_MODULE:
-            if fullname.startswith(STANDIN_MODULE + ".") and os.environ.get("FEATHER_SGL_KERNEL_TRACE") == "1":
-                print(f"feather sgl_kernel stand-in: missing submodule {fullname!r}", file=sys.stderr)
+            if (
+                fullname.startswith(STANDIN_MODULE + ".")
+                and os.environ.get("FEATHER_SGL_KERNEL_TRACE") == "1"
+            ):
+                print(
+                    f"feather sgl_kernel stand-in: missing submodule {fullname!r}", file=sys.stderr
+                )
             return None
         return importlib.machinery.ModuleSpec(fullname, _StandInLoader())
 

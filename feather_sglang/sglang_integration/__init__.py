@@ -14,7 +14,19 @@ import logging
 import os
 import sys
 
-SGLANG_VERSION = "0.5.23"
+from feather_sglang.sglang_integration.names import (
+    ATTENTION_BACKEND_NAME,
+    SGLANG_VERSION,
+    built_in_version,
+)
+
+__all__ = [
+    "ATTENTION_BACKEND_NAME",
+    "SGLANG_VERSION",
+    "after_import",
+    "built_in_version",
+    "install_hooks",
+]
 logger = logging.getLogger(__name__)
 
 _SCHED = "sglang.srt.managers.scheduler"
@@ -57,9 +69,6 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-ATTENTION_BACKEND_NAME = "feather"
-
-
 def _register_attention_backend(registry_module) -> None:
     from feather_sglang.sglang_integration.attention import register
 
@@ -81,7 +90,9 @@ def install_hooks() -> None:
 
         if getattr(sglang, "__version__", SGLANG_VERSION) != SGLANG_VERSION:
             logger.warning(
-                "feather-sglang was written for sglang %s; found %s", SGLANG_VERSION, sglang.__version__
+                "feather-sglang was written for sglang %s; found %s",
+                SGLANG_VERSION,
+                sglang.__version__,
             )
     except ImportError:  # pragma: no cover
         pass
@@ -90,7 +101,9 @@ def install_hooks() -> None:
     built_in = built_in_version()
     if built_in is not None:
         # NOTE: installing the hooks too would run every seam twice (two planners per pass).
-        logger.info("feather is built into this sglang (patches/, %s): plugin hooks not installed", built_in)
+        logger.info(
+            "feather is built into this sglang (patches/, %s): plugin hooks not installed", built_in
+        )
         _install_trace_hooks(reg, HookType)
         return
     reg("sglang.srt.server_args.ServerArgs.add_cli_args", args.add_cli_args_after, HookType.AFTER)
@@ -98,15 +111,30 @@ def install_hooks() -> None:
     after_import("sglang.srt.entrypoints.engine", args.patch_engine)
     # --attention-backend feather: the choice now (light), the backend class only where
     # SGLang's attention registry is loaded (the model runner's process).
-    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+    from sglang.srt.arg_groups.choices import (
+        ATTENTION_BACKEND_CHOICES,
+        add_attention_backend_choices,
+    )
 
     if ATTENTION_BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([ATTENTION_BACKEND_NAME])
     after_import("sglang.srt.layers.attention.attention_registry", _register_attention_backend)
     reg(f"{_SCHED}.SchedulePolicy", policy.FeatherSchedulePolicy, HookType.REPLACE)
-    reg(f"{_SCHED}.Scheduler.init_schedule_policy", policy.init_schedule_policy_after, HookType.AFTER)
-    reg(f"{_SCHED}.Scheduler.get_prefill_adder_class", policy.get_prefill_adder_class_around, HookType.AROUND)
-    reg(f"{_SCHED}.Scheduler._add_request_to_queue", policy.add_request_to_queue_after, HookType.AFTER)
+    reg(
+        f"{_SCHED}.Scheduler.init_schedule_policy",
+        policy.init_schedule_policy_after,
+        HookType.AFTER,
+    )
+    reg(
+        f"{_SCHED}.Scheduler.get_prefill_adder_class",
+        policy.get_prefill_adder_class_around,
+        HookType.AROUND,
+    )
+    reg(
+        f"{_SCHED}.Scheduler._add_request_to_queue",
+        policy.add_request_to_queue_after,
+        HookType.AFTER,
+    )
     reg(
         f"{_SCHED}.Scheduler._get_new_batch_prefill_raw",
         policy.get_new_batch_prefill_raw_around,
@@ -114,15 +142,12 @@ def install_hooks() -> None:
     )
     reg(f"{_SCHED}.Scheduler.run_batch", policy.run_batch_around, HookType.AROUND)
     reg(f"{_SCHED}.Scheduler.on_idle", policy.on_idle_after, HookType.AFTER)
-    reg(f"{_SCHED}.Scheduler._release_aborted_request", policy.release_aborted_request_after, HookType.AFTER)
+    reg(
+        f"{_SCHED}.Scheduler._release_aborted_request",
+        policy.release_aborted_request_after,
+        HookType.AFTER,
+    )
     _install_trace_hooks(reg, HookType)
-
-
-def built_in_version():
-    """The sglang version ``patches/`` was written for, if this sglang was patched; else None."""
-    from sglang.srt import plugins
-
-    return getattr(plugins, "FEATHER_BUILT_IN", None)
 
 
 def _install_trace_hooks(reg, HookType) -> None:
@@ -130,7 +155,11 @@ def _install_trace_hooks(reg, HookType) -> None:
     from feather_sglang.sglang_integration import trace
 
     if os.environ.get(trace.ENV):
-        reg(f"{_SCHED}.Scheduler.get_next_batch_to_run", trace.get_next_batch_to_run_around, HookType.AROUND)
+        reg(
+            f"{_SCHED}.Scheduler.get_next_batch_to_run",
+            trace.get_next_batch_to_run_around,
+            HookType.AROUND,
+        )
         # feather's backend inherits both from torch_native's, so one hook times either
         native = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
         for method in ("forward_decode", "forward_extend"):

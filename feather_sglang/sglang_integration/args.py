@@ -15,16 +15,17 @@ import sys
 import msgspec
 
 from feather_sglang.config import FeatherConfig, FeatherConfigError
+from feather_sglang.sglang_integration import refusals, trace
+from feather_sglang.sglang_integration.names import (  # noqa: F401 (feather_config_of: re-exported)
+    ATTENTION_BACKEND_NAME,
+    CONFIG_ATTR,
+    POLICY_NAME,
+    SGLANG_VERSION,
+    built_in_version,
+    feather_config_of,
+)
 
 logger = logging.getLogger(__name__)
-
-POLICY_NAME = "feather"
-CONFIG_ATTR = "_feather_config"
-
-
-def feather_config_of(server_args) -> FeatherConfig:
-    """The FeatherConfig a ServerArgs carries (defaults if it carries none)."""
-    return getattr(server_args, CONFIG_ATTR, None) or FeatherConfig()
 
 
 def _attach(server_args, config: FeatherConfig) -> None:
@@ -116,19 +117,21 @@ _CPU_FIELDS = ("device", "attention_backend", "disable_overlap_schedule", "dtype
 
 def startup_refusals(server_args, check_hooks: bool = False) -> list[str]:
     """Everything about ``server_args`` feather refuses to start with (see ``refusals``)."""
-    from feather_sglang.sglang_integration import ATTENTION_BACKEND_NAME, refusals, trace
-
     problems = []
     if getattr(server_args, "schedule_policy", None) == POLICY_NAME:
         problems += refusals.policy_refusals(server_args)
         if check_hooks and not _built_in():
             missing = refusals.missing_hooks()
             if missing:
-                problems.append("--schedule-policy feather needs scheduler hooks that SGLang's HookRegistry did "
-                                f"not apply ({', '.join(missing)}); feather-sglang supports sglang "
-                                f"{_sglang_supported()} (see the log above for why a hook failed)")
+                problems.append(
+                    "--schedule-policy feather needs scheduler hooks that SGLang's HookRegistry did "
+                    f"not apply ({', '.join(missing)}); feather-sglang supports sglang "
+                    f"{_sglang_supported()} (see the log above for why a hook failed)"
+                )
     if getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME:
-        problems += refusals.backend_refusals(server_args, refusals.local_hf_config(server_args.model_path))
+        problems += refusals.backend_refusals(
+            server_args, refusals.local_hf_config(server_args.model_path)
+        )
     problem = trace.check_path()
     if problem:
         problems.append(problem)
@@ -137,8 +140,6 @@ def startup_refusals(server_args, check_hooks: bool = False) -> list[str]:
 
 def _built_in() -> bool:
     """This sglang was patched with patches/ (feather is in its source, no hooks to check)."""
-    from feather_sglang.sglang_integration import built_in_version
-
     try:
         return built_in_version() is not None
     except ImportError:
@@ -146,19 +147,20 @@ def _built_in() -> bool:
 
 
 def _sglang_supported() -> str:
-    from feather_sglang.sglang_integration import SGLANG_VERSION
-
     return SGLANG_VERSION
 
 
 def _cuda_graphs_off_for_feather_backend(server_args) -> None:
     """Feather's backend has no CUDA-graph capture: turn graphs off, as SGLang does for torch_native."""
-    from feather_sglang.sglang_integration import ATTENTION_BACKEND_NAME
-
-    if getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME and not server_args.disable_cuda_graph:
+    if (
+        getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME
+        and not server_args.disable_cuda_graph
+    ):
         server_args.disable_cuda_graph = True
-        logger.warning("CUDA graphs are disabled because of --attention-backend feather (as SGLang does for "
-                       "torch_native): feather's backend does not capture graphs")
+        logger.warning(
+            "CUDA graphs are disabled because of --attention-backend feather (as SGLang does for "
+            "torch_native): feather's backend does not capture graphs"
+        )
 
 
 def make_engine_server_args_factory(server_args_class):
@@ -178,7 +180,8 @@ def make_engine_server_args_factory(server_args_class):
         if feather_kwargs and kwargs.get("schedule_policy") != POLICY_NAME:
             logger.warning(
                 "feather options %s are ignored: schedule_policy is %r, not 'feather'",
-                ", ".join(feather_kwargs), kwargs.get("schedule_policy", "fcfs"),
+                ", ".join(feather_kwargs),
+                kwargs.get("schedule_policy", "fcfs"),
             )
         kwargs.update(_cpu_defaults({k: kwargs.get(k) for k in _CPU_FIELDS}))
         server_args = server_args_class(**kwargs)

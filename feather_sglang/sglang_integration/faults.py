@@ -39,8 +39,10 @@ class FaultInjector:
         for part in spec.split(","):
             seam, _, n = part.strip().partition(":")
             if seam not in SEAMS or not n.isdigit() or int(n) < 1:
-                raise ValueError(f"{INJECT_ENV}={spec!r}: expected SEAM:N[,SEAM:N] with SEAM one of "
-                                 f"{', '.join(SEAMS)} and N >= 1")
+                raise ValueError(
+                    f"{INJECT_ENV}={spec!r}: expected SEAM:N[,SEAM:N] with SEAM one of "
+                    f"{', '.join(SEAMS)} and N >= 1"
+                )
             self.at[seam] = int(n)
         self.calls: Counter = Counter()
 
@@ -50,8 +52,11 @@ class FaultInjector:
         if not spec:
             return None
         if os.environ.get(ACK_ENV) != ACK_PHRASE:
-            logger.warning("%s is set but %s does not hold the test phrase: fault injection stays off",
-                           INJECT_ENV, ACK_ENV)
+            logger.warning(
+                "%s is set but %s does not hold the test phrase: fault injection stays off",
+                INJECT_ENV,
+                ACK_ENV,
+            )
             return None
         injector = cls(spec)
         logger.warning("feather FAULT INJECTION is on (%s=%s): for tests only", INJECT_ENV, spec)
@@ -80,11 +85,25 @@ class FaultLog:
         self.counts[seam] += 1
         n = self.counts[seam]
         if n == 1:
-            logger.error("%s: fault in %s (%s: %s); %s", self.where, seam, type(exc).__name__, exc, then,
-                         exc_info=exc)
+            logger.error(
+                "%s: fault in %s (%s: %s); %s",
+                self.where,
+                seam,
+                type(exc).__name__,
+                exc,
+                then,
+                exc_info=exc,
+            )
         else:
-            logger.error("%s: fault in %s again (%d so far; %s: %s); %s", self.where, seam, n,
-                         type(exc).__name__, exc, then)
+            logger.error(
+                "%s: fault in %s again (%d so far; %s: %s); %s",
+                self.where,
+                seam,
+                n,
+                type(exc).__name__,
+                exc,
+                then,
+            )
 
     @property
     def total(self) -> int:

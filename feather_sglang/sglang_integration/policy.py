@@ -32,10 +32,13 @@ from sglang.srt.mem_cache.common import match_kv_cache
 from feather_sglang.agents import ServerShape
 from feather_sglang.cht import RequestState
 from feather_sglang.planner import AdmissionPlanner
-from feather_sglang.sglang_integration import ATTENTION_BACKEND_NAME
-from feather_sglang.sglang_integration.args import POLICY_NAME, feather_config_of
 from feather_sglang.sglang_integration import trace
 from feather_sglang.sglang_integration.faults import FaultLog
+from feather_sglang.sglang_integration.names import (
+    ATTENTION_BACKEND_NAME,
+    POLICY_NAME,
+    feather_config_of,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -45,7 +48,6 @@ logger = logging.getLogger(__name__)
 CHECK_INVARIANTS = os.environ.get("FEATHER_CHECK_INVARIANTS") == "1"
 # Aborted waiting requests tolerated before the queue slots are rebuilt (see FeatherState._slot).
 MAX_SHIFT_SEARCH = 1024
-
 
 
 class FeatherSchedulePolicy(SchedulePolicy):
@@ -68,7 +70,11 @@ class FeatherSchedulePolicy(SchedulePolicy):
         processed_tokens: int = 0,
     ) -> None:
         feather = self.feather
-        if feather is None or feather.stood_down or not feather.safe_order(waiting_queue, running_batch):
+        if (
+            feather is None
+            or feather.stood_down
+            or not feather.safe_order(waiting_queue, running_batch)
+        ):
             return super().calc_priority(waiting_queue, running_batch, processed_tokens)
         # NOTE: stock fcfs also prefix-matches every waiting request when the cache supports
         # fast matching, only to report matched tokens in the load snapshot; that O(W x T)
@@ -124,12 +130,14 @@ class FeatherState:
                 "it again), and the prefix-leader step is off."
             )
         server_args = scheduler.server_args
-        self.planner.agent.bind_server(ServerShape(
-            prefix_shared_attention=server_args.attention_backend == ATTENTION_BACKEND_NAME,
-            max_running_requests=int(getattr(scheduler, "max_running_requests", 0) or 0),
-            kv_capacity_tokens=int(getattr(scheduler, "max_total_num_tokens", 0) or 0),
-            dtype=str(server_args.dtype),
-        ))
+        self.planner.agent.bind_server(
+            ServerShape(
+                prefix_shared_attention=server_args.attention_backend == ATTENTION_BACKEND_NAME,
+                max_running_requests=int(getattr(scheduler, "max_running_requests", 0) or 0),
+                kv_capacity_tokens=int(getattr(scheduler, "max_total_num_tokens", 0) or 0),
+                dtype=str(server_args.dtype),
+            )
+        )
         logger.info("feather schedule policy: %s", config.as_dict())
 
     # ---- fault containment ---------------------------------------------------------------
@@ -142,9 +150,13 @@ class FeatherState:
             fn(*args)
         except Exception as exc:  # noqa: BLE001 - no fault of feather's may reach the scheduler
             self._dirty = True
-            self.faults.record(seam, exc, "feather's state will be rebuilt from the scheduler's queue and batch")
+            self.faults.record(
+                seam, exc, "feather's state will be rebuilt from the scheduler's queue and batch"
+            )
 
-    def safe_order(self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]) -> bool:
+    def safe_order(
+        self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]
+    ) -> bool:
         """:meth:`order`, rebuilding feather's state after a fault (and before the pass, after a
         hook's fault); False once feather has stood down (the caller runs fcfs)."""
         try:
@@ -154,7 +166,9 @@ class FeatherState:
             self.order(waiting_queue, running_batch)
             return True
         except Exception as exc:  # noqa: BLE001
-            self.faults.record("plan", exc, "rebuilding feather's state from the scheduler's queue and batch")
+            self.faults.record(
+                "plan", exc, "rebuilding feather's state from the scheduler's queue and batch"
+            )
         try:
             self.rebuild(waiting_queue, running_batch)
             self.order(waiting_queue, running_batch)
@@ -180,16 +194,23 @@ class FeatherState:
             self.on_enqueue(req, i)
         self._dirty = False
         self.rebuilds += 1
-        logger.warning("feather: state rebuilt from the scheduler (%d waiting, %d running; %d rebuilds)",
-                       len(waiting_queue), len(running), self.rebuilds)
+        logger.warning(
+            "feather: state rebuilt from the scheduler (%d waiting, %d running; %d rebuilds)",
+            len(waiting_queue),
+            len(running),
+            self.rebuilds,
+        )
 
     def stand_down(self) -> None:
         self.stood_down = True
         self.plan_rids = frozenset()
         self.reqs, self._slot = {}, {}
-        logger.error("feather stands down after %d fault(s) %s: the scheduler runs fcfs for the rest of this "
-                     "server's life; restart the server to schedule with feather again",
-                     self.faults.total, dict(self.faults.counts))
+        logger.error(
+            "feather stands down after %d fault(s) %s: the scheduler runs fcfs for the rest of this "
+            "server's life; restart the server to schedule with feather again",
+            self.faults.total,
+            dict(self.faults.counts),
+        )
 
     # ---- events from the scheduler -------------------------------------------------------
     def on_enqueue(self, req: "Req", queue_index: Optional[int] = None) -> None:
@@ -246,8 +267,11 @@ class FeatherState:
                 running_rids.append(chunked.rid)
             # The batch is often exactly what the last pass synced (a decode-only pass, or a
             # plan that was rolled back): then there is nothing to sync.
-            if (running_rids != self._synced_running or planner.has_pending
-                    or len(running_rids) != planner.cht.num_running):
+            if (
+                running_rids != self._synced_running
+                or planner.has_pending
+                or len(running_rids) != planner.cht.num_running
+            ):
                 running = self._running_reqs(running_batch)
                 self._synced_running = running_rids
         if running is not None:
@@ -256,12 +280,16 @@ class FeatherState:
             self._adopt_tail(waiting_queue)
         if len(waiting_queue) != planner.num_waiting:
             self.resyncs += 1
-            for rid in planner.sync_waiting({r.rid: (lambda r=r: r.origin_input_ids) for r in waiting_queue}):
+            for rid in planner.sync_waiting(
+                {r.rid: (lambda r=r: r.origin_input_ids) for r in waiting_queue}
+            ):
                 self._forget(rid)
             for r in waiting_queue:
                 reqs[r.rid] = r
             self._reindex(waiting_queue)
-        max_new = scheduler.get_num_allocatable_reqs(len(running_batch.reqs) if running_batch else 0)
+        max_new = scheduler.get_num_allocatable_reqs(
+            len(running_batch.reqs) if running_batch else 0
+        )
         plan = planner.plan(
             max_new=max(max_new, 0),
             cached_prefix_tokens=self._cached_prefix_tokens if self.radix_enabled else None,
@@ -292,7 +320,9 @@ class FeatherState:
         # NOTE: forget each sync's departures right after it: a request forgotten as no longer
         # running may come straight back as waiting in the next sync (re-queued without the
         # enqueue hook) and must stay in ``reqs`` then.
-        for rid in self.planner.sync_running({rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()}):
+        for rid in self.planner.sync_running(
+            {rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()}
+        ):
             self._forget(rid)
 
     def _known_waiting(self, req: "Req") -> bool:
@@ -319,22 +349,30 @@ class FeatherState:
             self._adopt_tail(queue, last)
         self.on_enqueue(req, last)
 
-    def check_invariants(self, queue: list["Req"], running_batch: Optional["ScheduleBatch"]) -> None:
+    def check_invariants(
+        self, queue: list["Req"], running_batch: Optional["ScheduleBatch"]
+    ) -> None:
         """``FEATHER_CHECK_INVARIANTS=1``, after a pass's plan: the queue's rids are the CHT's
         waiting set plus this pass's plan, and the batch (with the chunked request) plus the plan
         its running set. O(W); for tests and debugging."""
         cht, planned = self.planner.cht, set(self.plan_rids)
         queued = {r.rid for r in queue}
-        waiting = {rid for rid in self.reqs if rid in cht and cht.state(rid) is RequestState.WAITING}
+        waiting = {
+            rid for rid in self.reqs if rid in cht and cht.state(rid) is RequestState.WAITING
+        }
         if queued - planned != waiting or len(waiting) != cht.num_waiting or not planned <= queued:
-            raise AssertionError(f"feather invariant: the queue holds {len(queued)} rids ({len(planned)} planned), "
-                                 f"the CHT waits on {cht.num_waiting}; only in the queue: "
-                                 f"{sorted(queued - planned - waiting)[:5]}, only in the CHT: {sorted(waiting - queued)[:5]}")
+            raise AssertionError(
+                f"feather invariant: the queue holds {len(queued)} rids ({len(planned)} planned), "
+                f"the CHT waits on {cht.num_waiting}; only in the queue: "
+                f"{sorted(queued - planned - waiting)[:5]}, only in the CHT: {sorted(waiting - queued)[:5]}"
+            )
         if running_batch is not None:
             running = set(self._running_reqs(running_batch))
             if running | planned != set(cht.running_ids()):
-                raise AssertionError(f"feather invariant: batch + plan {sorted(running | planned)[:5]} != CHT "
-                                     f"running {sorted(cht.running_ids())[:5]}")
+                raise AssertionError(
+                    f"feather invariant: batch + plan {sorted(running | planned)[:5]} != CHT "
+                    f"running {sorted(cht.running_ids())[:5]}"
+                )
 
     def _move_to_front(self, queue: list["Req"], planned: list["Req"]) -> None:
         """Put ``planned`` at the front of ``queue``, in order, by swaps: O(len(planned)).
@@ -354,7 +392,9 @@ class FeatherState:
                 self._reindex(queue)
                 j = slot.get(req.rid, -1)
                 if j < 0:
-                    raise RuntimeError(f"feather planned {req.rid!r}, which is not in the waiting queue")
+                    raise RuntimeError(
+                        f"feather planned {req.rid!r}, which is not in the waiting queue"
+                    )
             if j != i:
                 displaced = queue[i]
                 queue[i], queue[j] = req, displaced
@@ -402,7 +442,9 @@ class FeatherState:
         self._last_step_start = started
         self.steps += 1
         mode = getattr(batch, "forward_mode", None)
-        self.planner.on_step(batch.batch_size(), ended - started, bool(mode is not None and mode.is_decode()))
+        self.planner.on_step(
+            batch.batch_size(), ended - started, bool(mode is not None and mode.is_decode())
+        )
         if self.steps % max(self.scheduler.server_args.decode_log_interval, 1) == 0:
             self.log_stats()
 
@@ -411,15 +453,28 @@ class FeatherState:
         that finished since the last pass are forgotten now (a pass comes only with a queue)."""
         self._last_step_start = None
         scheduler = self.scheduler
-        if (self.planner.cht.num_running and not scheduler.running_batch.reqs
-                and getattr(scheduler, "chunked_req", None) is None and not self.planner.has_pending):
+        if (
+            self.planner.cht.num_running
+            and not scheduler.running_batch.reqs
+            and getattr(scheduler, "chunked_req", None) is None
+            and not self.planner.has_pending
+        ):
             for rid in self.planner.sync_running({}):
                 self._forget(rid)
             self._synced_running = []
-        if not self._idle_logged and not scheduler.running_batch.reqs and not scheduler.waiting_queue:
+        if (
+            not self._idle_logged
+            and not scheduler.running_batch.reqs
+            and not scheduler.waiting_queue
+        ):
             self._idle_logged = True
-            logger.info("feather: idle, tracking %d requests, %d CHT nodes (faults %d, rebuilds %d)",
-                        len(self.reqs), self.planner.cht.memory_footprint().nodes, self.faults.total, self.rebuilds)
+            logger.info(
+                "feather: idle, tracking %d requests, %d CHT nodes (faults %d, rebuilds %d)",
+                len(self.reqs),
+                self.planner.cht.memory_footprint().nodes,
+                self.faults.total,
+                self.rebuilds,
+            )
 
     def log_stats(self) -> None:
         """One line at SGLang's decode log interval: feather's share of the scheduler loop."""
@@ -432,9 +487,19 @@ class FeatherState:
         logger.info(
             "feather: sched_time=%.3f ms/pass (%s) passes=%d admitted=%d rolled_back=%d "
             "starved=%d stops=%s waiting=%d running=%d resyncs=%d reindexes=%d faults=%d rebuilds=%d",
-            1e3 * seconds / passes, share, passes, s.admitted, s.rolled_back, s.starved, s.stops,
-            self.planner.num_waiting, self.planner.cht.num_running, self.resyncs, self.reindexes,
-            self.faults.total, self.rebuilds,
+            1e3 * seconds / passes,
+            share,
+            passes,
+            s.admitted,
+            s.rolled_back,
+            s.starved,
+            s.stops,
+            self.planner.num_waiting,
+            self.planner.cht.num_running,
+            self.resyncs,
+            self.reindexes,
+            self.faults.total,
+            self.rebuilds,
         )
         learned = self.planner.agent.describe()
         if learned:

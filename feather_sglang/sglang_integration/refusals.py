@@ -26,20 +26,28 @@ def policy_refusals(server_args) -> list[str]:
     """Why ``--schedule-policy feather`` cannot run with these arguments (empty: it can)."""
     out = []
     if getattr(server_args, "enable_priority_scheduling", False):
-        out.append("--schedule-policy feather cannot be combined with --enable-priority-scheduling: feather "
-                   "orders the queue by shared prefix (with a starvation bound, --feather-max-wait-s); "
-                   "SGLang's priority scheduling works with fcfs or lof only")
+        out.append(
+            "--schedule-policy feather cannot be combined with --enable-priority-scheduling: feather "
+            "orders the queue by shared prefix (with a starvation bound, --feather-max-wait-s); "
+            "SGLang's priority scheduling works with fcfs or lof only"
+        )
     if (getattr(server_args, "pp_size", 1) or 1) > 1:
-        out.append(f"--schedule-policy feather does not support pipeline parallelism (--pp-size "
-                   f"{server_args.pp_size}): SGLang queues requests there without the hooks feather keeps "
-                   "its queue with; allowed: --pp-size 1 (tensor and data parallelism are fine)")
+        out.append(
+            f"--schedule-policy feather does not support pipeline parallelism (--pp-size "
+            f"{server_args.pp_size}): SGLang queues requests there without the hooks feather keeps "
+            "its queue with; allowed: --pp-size 1 (tensor and data parallelism are fine)"
+        )
     mode = getattr(server_args, "disaggregation_mode", "null")
     if mode not in (None, "null"):
-        out.append(f"--schedule-policy feather does not support PD disaggregation (--disaggregation-mode {mode}); "
-                   "allowed: --disaggregation-mode null")
+        out.append(
+            f"--schedule-policy feather does not support PD disaggregation (--disaggregation-mode {mode}); "
+            "allowed: --disaggregation-mode null"
+        )
     if getattr(server_args, "dllm_algorithm", None):
-        out.append(f"--schedule-policy feather does not support diffusion language models (--dllm-algorithm "
-                   f"{server_args.dllm_algorithm}); use it with autoregressive models")
+        out.append(
+            f"--schedule-policy feather does not support diffusion language models (--dllm-algorithm "
+            f"{server_args.dllm_algorithm}); use it with autoregressive models"
+        )
     return out
 
 
@@ -48,11 +56,15 @@ def backend_refusals(server_args, hf_config: dict | None) -> list[str]:
     out = []
     kv = str(getattr(server_args, "kv_cache_dtype", "auto") or "auto")
     if kv.startswith(("fp8", "fp4")):
-        out.append(f"--attention-backend feather does not support --kv-cache-dtype {kv}; allowed: auto, "
-                   "bfloat16, float16, float32")
+        out.append(
+            f"--attention-backend feather does not support --kv-cache-dtype {kv}; allowed: auto, "
+            "bfloat16, float16, float32"
+        )
     if getattr(server_args, "speculative_algorithm", None):
-        out.append(f"--attention-backend feather does not support speculative decoding (--speculative-algorithm "
-                   f"{server_args.speculative_algorithm}): its verify masks are not implemented")
+        out.append(
+            f"--attention-backend feather does not support speculative decoding (--speculative-algorithm "
+            f"{server_args.speculative_algorithm}): its verify masks are not implemented"
+        )
     out += model_refusals(hf_config)
     return out
 
@@ -63,12 +75,20 @@ def model_refusals(hf_config: dict | None) -> list[str]:
         return []
     out = []
     if hf_config.get("attn_logit_softcapping"):
-        out.append(f"--attention-backend feather does not implement attention logit soft-capping "
-                   f"(this model's attn_logit_softcapping={hf_config['attn_logit_softcapping']}); "
-                   "use SGLang's own backends for it")
-    if hf_config.get("model_type") == "gpt_oss" or hf_config.get("attention_sinks") or hf_config.get("sink_size"):
-        out.append("--attention-backend feather does not implement attention sinks (this model has them); "
-                   "use SGLang's own backends for it")
+        out.append(
+            f"--attention-backend feather does not implement attention logit soft-capping "
+            f"(this model's attn_logit_softcapping={hf_config['attn_logit_softcapping']}); "
+            "use SGLang's own backends for it"
+        )
+    if (
+        hf_config.get("model_type") == "gpt_oss"
+        or hf_config.get("attention_sinks")
+        or hf_config.get("sink_size")
+    ):
+        out.append(
+            "--attention-backend feather does not implement attention sinks (this model has them); "
+            "use SGLang's own backends for it"
+        )
     return out
 
 

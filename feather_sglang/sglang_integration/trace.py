@@ -106,7 +106,9 @@ def tracer() -> BatchTracer | None:
                 _tracer = BatchTracer(path)
             except OSError as e:  # the path went bad after start-up: no trace, no crash
                 _failed = True
-                logger.error("%s=%s: cannot append to it (%s); batch trace off", ENV, path, e.strerror)
+                logger.error(
+                    "%s=%s: cannot append to it (%s); batch trace off", ENV, path, e.strerror
+                )
     return _tracer
 
 
@@ -127,11 +129,14 @@ def _adds_elapsed_to(field: str, doc: str):
 
 # NOTE: passes that chose nothing (idle, or waiting on memory) add to the next step's
 # scheduling time, so that sched_s sums to all the time spent choosing batches.
-get_next_batch_to_run_around = _adds_elapsed_to("sched_s", "Around ``Scheduler.get_next_batch_to_run``.")
+get_next_batch_to_run_around = _adds_elapsed_to(
+    "sched_s", "Around ``Scheduler.get_next_batch_to_run``."
+)
 # NOTE: wall time is the compute time only where the backend runs synchronously (CPU); on a
 # GPU this would time kernel launches.
 attention_forward_around = _adds_elapsed_to(
-    "attn_s", "Around ``TorchNativeAttnBackend.forward_decode``/``forward_extend`` (one layer's call)."
+    "attn_s",
+    "Around ``TorchNativeAttnBackend.forward_decode``/``forward_extend`` (one layer's call).",
 )
 
 

@@ -19,8 +19,18 @@ EXAMPLE = REPO / "scripts" / "example_workload.jsonl"
 def run_ab(tmp_path: Path, *args: str) -> tuple[dict, str]:
     out = tmp_path / "ab.json"
     p = subprocess.run(
-        [str(Path(sys.executable).with_name("feather-ab")), *args, "--json", str(out), "--work-dir", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=900, cwd=REPO,
+        [
+            str(Path(sys.executable).with_name("feather-ab")),
+            *args,
+            "--json",
+            str(out),
+            "--work-dir",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return json.loads(out.read_text()), p.stdout
@@ -38,8 +48,19 @@ def check_rows(result: dict, configs: list[str], requests: int, output_tokens: i
 
 
 def test_offline_workload_file_every_configuration(tiny_model, tmp_path):
-    result, stdout = run_ab(tmp_path, "--workload-file", str(EXAMPLE), "--model", str(tiny_model),
-                            "--policies", "fcfs,feather", "--backends", "feather", "--threads", "1")
+    result, stdout = run_ab(
+        tmp_path,
+        "--workload-file",
+        str(EXAMPLE),
+        "--model",
+        str(tiny_model),
+        "--policies",
+        "fcfs,feather",
+        "--backends",
+        "feather",
+        "--threads",
+        "1",
+    )
     check_rows(result, ["fcfs + feather", "feather + feather"], 12, 12 * 12)
     s = result["summary"]
     assert s["best_baseline"] == "fcfs + feather" and s["speedup_vs_best_baseline"] > 0
@@ -51,10 +72,33 @@ def test_offline_workload_file_every_configuration(tiny_model, tmp_path):
 
 
 def test_online_poisson_arrivals_on_a_real_server(tiny_model, tmp_path):
-    result, _ = run_ab(tmp_path, "--workload", "gsp", "--gsp-groups", "2", "--gsp-prompts-per-group", "3",
-                       "--gsp-prefix-len", "96", "--gsp-output-len", "6", "--mode", "online", "--request-rate", "6",
-                       "--model", str(tiny_model), "--policies", "fcfs,feather", "--backends", "torch_native",
-                       "--threads", "1")
+    result, _ = run_ab(
+        tmp_path,
+        "--workload",
+        "gsp",
+        "--gsp-groups",
+        "2",
+        "--gsp-prompts-per-group",
+        "3",
+        "--gsp-prefix-len",
+        "96",
+        "--gsp-output-len",
+        "6",
+        "--mode",
+        "online",
+        "--request-rate",
+        "6",
+        "--model",
+        str(tiny_model),
+        "--policies",
+        "fcfs,feather",
+        "--backends",
+        "torch_native",
+        "--threads",
+        "1",
+    )
     check_rows(result, ["fcfs + torch_native", "feather + torch_native"], 6, 36)
-    assert result["common"]["mode"] == "online" and result["workload"]["params"]["request_rate"] == 6
+    assert (
+        result["common"]["mode"] == "online" and result["workload"]["params"]["request_rate"] == 6
+    )
     assert list((tmp_path / "work" / "rep0").glob("*.server.log"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from feather_sglang.tools.server import SGLangServer
-from feather_sglang.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
+from feather_bench.tools.server import SGLangServer
+from feather_bench.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
 
 pytestmark = pytest.mark.e2e
 
@@ -17,8 +17,13 @@ def test_feather_backend_outputs_equal_torch_native(smollm2_model, tmp_path, pol
     outputs = {}
     for backend in ("feather", "torch_native"):
         args = ["--attention-backend", backend, "--dtype", "float32", "--max-running-requests", "8"]
-        with SGLangServer(smollm2_model, policy, args, log_path=tmp_path / f"{backend}.log") as server:
+        with SGLangServer(
+            smollm2_model, policy, args, log_path=tmp_path / f"{backend}.log"
+        ) as server:
             outputs[backend] = generate_all(server.url, prompts, max_new_tokens=12)
     problems = compare_greedy(outputs["feather"], outputs["torch_native"])
     assert not problems, "\n".join(problems)
-    assert "feather attention backend: prefix-shared decode and extend" in (tmp_path / "feather.log").read_text()
+    assert (
+        "feather attention backend: prefix-shared decode and extend"
+        in (tmp_path / "feather.log").read_text()
+    )

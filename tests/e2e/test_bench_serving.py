@@ -15,18 +15,40 @@ pytestmark = pytest.mark.e2e
 
 
 def test_sglang_bench_serving_imports_and_answers_help():
-    out = subprocess.run([sys.executable, "-m", "sglang.bench_serving", "--help"],
-                         capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang.bench_serving", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "--gsp-num-groups" in out.stdout and "--output-file" in out.stdout
 
 
 def test_feather_bench_serving_writes_bench_servings_metrics(tiny_model, tmp_path, capsys):
-    small = ("--num-prompts 8 --gsp-num-groups 2 --gsp-prompts-per-group 4 --gsp-system-prompt-len 128 "
-             "--gsp-question-len 16 --gsp-output-len 4")
-    code = serving.main(["--model", str(tiny_model), "--workloads", "memory-ample", "--policies", "fcfs,feather",
-                         "--backends", "feather", "--repeats", "1", "--bench-args", small,
-                         "--out-dir", str(tmp_path), "--quiet"])
+    small = (
+        "--num-prompts 8 --gsp-num-groups 2 --gsp-prompts-per-group 4 --gsp-system-prompt-len 128 "
+        "--gsp-question-len 16 --gsp-output-len 4"
+    )
+    code = serving.main(
+        [
+            "--model",
+            str(tiny_model),
+            "--workloads",
+            "memory-ample",
+            "--policies",
+            "fcfs,feather",
+            "--backends",
+            "feather",
+            "--repeats",
+            "1",
+            "--bench-args",
+            small,
+            "--out-dir",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
     assert code == 0
     result = json.loads((tmp_path / "memory-ample.json").read_text())
     rows = {r["config"]: r for r in result["rows"]}
@@ -36,9 +58,13 @@ def test_feather_bench_serving_writes_bench_servings_metrics(tiny_model, tmp_pat
         assert row["median_ttft_ms"] > 0 and row["p99_itl_ms"] >= row["median_itl_ms"]
     # bench_serving's own JSONL line is kept per run
     line = json.loads((tmp_path / "memory-ample.feather+feather.jsonl").read_text().splitlines()[0])
-    assert line["completed"] == 8 and line["output_throughput"] == rows["feather+feather"]["output_throughput"]
+    assert (
+        line["completed"] == 8
+        and line["output_throughput"] == rows["feather+feather"]["output_throughput"]
+    )
     assert rows["feather+feather"]["vs_best_stock_same_backend"] == pytest.approx(
-        rows["feather+feather"]["output_throughput"] / rows["fcfs+feather"]["output_throughput"])
+        rows["feather+feather"]["output_throughput"] / rows["fcfs+feather"]["output_throughput"]
+    )
     assert result["git"]["commit"] and result["machine"]["versions"]["sglang"]
     assert "| feather+feather |" in capsys.readouterr().out
     assert "| fcfs+feather |" in serving.report(tmp_path)
@@ -48,4 +74,7 @@ def test_bad_options_say_what_is_allowed(capsys):
     with pytest.raises(SystemExit) as err:
         serving.main(["--model", "m", "--policies", "fcfs,best"])
     assert err.value.code == 2
-    assert "--policies: best not allowed; choose from fcfs, lpm, dfs-weight, feather" in capsys.readouterr().err
+    assert (
+        "--policies: best not allowed; choose from fcfs, lpm, dfs-weight, feather"
+        in capsys.readouterr().err
+    )

@@ -10,9 +10,9 @@ import time
 import pytest
 import requests
 
+from feather_bench.tools.server import SGLangServer
+from feather_bench.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
 from feather_sglang.sglang_integration import faults
-from feather_sglang.tools.server import SGLangServer
-from feather_sglang.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +25,9 @@ def _serve(model, policy, tmp_path, prompts, max_new_tokens, env=None, args=SERV
     server = SGLangServer(model, policy, args, log_path=tmp_path / f"{policy}.log", env=env)
     with server:
         outputs = generate_all(server.url, prompts, max_new_tokens)
-        time.sleep(IDLE_CHECK_WAIT_S)  # SGLang's idle memory check (a leaked KV slot kills the server)
+        time.sleep(
+            IDLE_CHECK_WAIT_S
+        )  # SGLang's idle memory check (a leaked KV slot kills the server)
         healthy = requests.get(server.url + "/health_generate", timeout=60).status_code == 200
     return outputs, healthy, server.log_path.read_text(errors="replace")
 
@@ -57,9 +59,15 @@ def test_an_abort_storm_leaks_nothing(tiny_model, tmp_path):
             rid = prompts[i - 1][0]  # a reused rid
         timeout = rng.uniform(0.5, 8.0) if rng.random() < 0.3 else 600  # a client that gives up
         try:
-            r = requests.post(server.url + "/generate", timeout=timeout, json={
-                "rid": f"{rid}-{cycle}", "text": text,
-                "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}})
+            r = requests.post(
+                server.url + "/generate",
+                timeout=timeout,
+                json={
+                    "rid": f"{rid}-{cycle}",
+                    "text": text,
+                    "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
+                },
+            )
             return r.status_code
         except requests.exceptions.Timeout:
             return "disconnected"

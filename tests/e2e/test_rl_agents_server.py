@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from feather_sglang.tools.server import SGLangServer
-from feather_sglang.tools.workload import generate_all, shared_prefix_prompts
+from feather_bench.tools.server import SGLangServer
+from feather_bench.tools.workload import generate_all, shared_prefix_prompts
 
 pytestmark = pytest.mark.e2e
 
@@ -20,7 +20,9 @@ SERVER_ARGS = ["--max-running-requests", "4", "--max-total-tokens", "16384"]
 def test_server_serves_with_a_learning_agent(tiny_model, tmp_path, agent):
     spec = f"ppo:{SHIPPED[0]}" if agent == "ppo" else "ucb"
     prompts = shared_prefix_prompts(3, 4, repeat=24)
-    server = SGLangServer(tiny_model, "feather", [*SERVER_ARGS, "--feather-agent", spec], log_path=tmp_path / "log")
+    server = SGLangServer(
+        tiny_model, "feather", [*SERVER_ARGS, "--feather-agent", spec], log_path=tmp_path / "log"
+    )
     with server:
         outputs = generate_all(server.url, prompts, 8)
         assert len(outputs) == len(prompts)

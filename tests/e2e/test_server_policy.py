@@ -14,9 +14,14 @@ import openai
 import pytest
 import requests
 
+from feather_bench.tools.server import SGLangServer
+from feather_bench.tools.workload import (
+    compare_greedy,
+    generate_all,
+    homogeneity,
+    shared_prefix_prompts,
+)
 from feather_sglang.sglang_integration.trace import read_trace
-from feather_sglang.tools.server import SGLangServer
-from feather_sglang.tools.workload import compare_greedy, generate_all, homogeneity, shared_prefix_prompts
 
 pytestmark = pytest.mark.e2e
 
@@ -33,13 +38,26 @@ IDLE_CHECK_WAIT_S = 3.0
 PREFIX_REPEAT = 24  # the scheduler runs its idle self-check on every idle loop
 
 
-def _run(model, policy, tmp_path_factory, groups, per_group, max_new_tokens, completions=0, server_args=SERVER_ARGS,
-         env=None):
+def _run(
+    model,
+    policy,
+    tmp_path_factory,
+    groups,
+    per_group,
+    max_new_tokens,
+    completions=0,
+    server_args=SERVER_ARGS,
+    env=None,
+):
     tmp = tmp_path_factory.mktemp(f"{model.name}-{policy}")
     trace = tmp / "trace.jsonl"
     prompts = shared_prefix_prompts(groups, per_group, repeat=PREFIX_REPEAT)
     server = SGLangServer(
-        model, policy, server_args, log_path=tmp / "server.log", env={"FEATHER_BATCH_TRACE": str(trace), **(env or {})}
+        model,
+        policy,
+        server_args,
+        log_path=tmp / "server.log",
+        env={"FEATHER_BATCH_TRACE": str(trace), **(env or {})},
     )
     result = {"prompts": prompts}
     with server:
@@ -51,11 +69,15 @@ def _run(model, policy, tmp_path_factory, groups, per_group, max_new_tokens, com
             result["completions"] = [
                 client.completions.create(
                     model=str(model), prompt=text, max_tokens=8, temperature=0
-                ).choices[0].text
+                )
+                .choices[0]
+                .text
                 for _, text in prompts[:completions]
             ]
         time.sleep(IDLE_CHECK_WAIT_S)
-        result["healthy_after_idle"] = requests.get(server.url + "/health_generate", timeout=60).status_code == 200
+        result["healthy_after_idle"] = (
+            requests.get(server.url + "/health_generate", timeout=60).status_code == 200
+        )
     result["exit_code"] = server.returncode
     result["killed"] = server.killed
     result["group_alive_after_stop"] = server.group_alive()
@@ -68,7 +90,15 @@ def _run(model, policy, tmp_path_factory, groups, per_group, max_new_tokens, com
 @pytest.fixture(scope="module")
 def tiny_runs(tiny_model, tmp_path_factory):
     return {
-        policy: _run(tiny_model, policy, tmp_path_factory, groups=3, per_group=6, max_new_tokens=24, completions=3)
+        policy: _run(
+            tiny_model,
+            policy,
+            tmp_path_factory,
+            groups=3,
+            per_group=6,
+            max_new_tokens=24,
+            completions=3,
+        )
         for policy in ("feather", "fcfs")
     }
 
@@ -76,7 +106,9 @@ def tiny_runs(tiny_model, tmp_path_factory):
 @pytest.fixture(scope="module")
 def smollm2_runs(smollm2_model, tmp_path_factory):
     return {
-        policy: _run(smollm2_model, policy, tmp_path_factory, groups=3, per_group=4, max_new_tokens=8)
+        policy: _run(
+            smollm2_model, policy, tmp_path_factory, groups=3, per_group=4, max_new_tokens=8
+        )
         for policy in ("feather", "fcfs")
     }
 
@@ -84,25 +116,44 @@ def smollm2_runs(smollm2_model, tmp_path_factory):
 # Chunked prefill in 128-token pieces (prompts are ~490 tokens), and SGLang's own retraction
 # test switch: every 7th decode step retracts running requests back to the waiting queue, as
 # a full KV pool would (SGLang's admission is too conservative to fill the pool on demand).
-PRESSURE_ARGS = ["--max-running-requests", "8", "--chunked-prefill-size", "128", "--dtype", "float32"]
+PRESSURE_ARGS = [
+    "--max-running-requests",
+    "8",
+    "--chunked-prefill-size",
+    "128",
+    "--dtype",
+    "float32",
+]
 PRESSURE_ENV = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"}
 
 
 @pytest.fixture(scope="module")
 def pressure_runs(tiny_model, tmp_path_factory):
     return {
-        policy: _run(tiny_model, policy, tmp_path_factory, groups=3, per_group=6, max_new_tokens=48,
-                     server_args=PRESSURE_ARGS, env=PRESSURE_ENV)
+        policy: _run(
+            tiny_model,
+            policy,
+            tmp_path_factory,
+            groups=3,
+            per_group=6,
+            max_new_tokens=48,
+            server_args=PRESSURE_ARGS,
+            env=PRESSURE_ENV,
+        )
         for policy in ("feather", "fcfs")
     }
 
 
 def test_chunked_prefill_and_retraction(pressure_runs):
     feather, fcfs = pressure_runs["feather"], pressure_runs["fcfs"]
-    retracted = [int(n) for n in re.findall(r"Testing retraction\. #retracted_reqs: (\d+)", feather["log"])]
+    retracted = [
+        int(n) for n in re.findall(r"Testing retraction\. #retracted_reqs: (\d+)", feather["log"])
+    ]
     assert sum(retracted) > 0, "no request was retracted"
     # a prompt prefilled in 128-token chunks, the rest of it pending
-    assert re.search(r"#new-token: 128, .*#pending-token: [1-9]", feather["log"]), "no chunked prefill happened"
+    assert re.search(
+        r"#new-token: 128, .*#pending-token: [1-9]", feather["log"]
+    ), "no chunked prefill happened"
     problems = compare_greedy(feather["outputs"], fcfs["outputs"])
     assert not problems, "\n".join(problems)
     for run in (feather, fcfs):

@@ -2,7 +2,7 @@
 
 Each test patches a hard-linked copy of the installed sglang (a ``cp -al`` tree: GNU patch and
 Python's .pyc writer both replace a file rather than write into it, so the installed package
-is never touched; the tests check that too) with ``scripts/patch_sglang.py``, the command a
+is never touched; the tests check that too) with ``python -m feather_bench.patch_sglang``, the command a
 fork's maintainer runs.
 """
 
@@ -19,22 +19,20 @@ from pathlib import Path
 import pytest
 import sglang
 
-from feather_sglang.tools.server import SGLangServer
-from feather_sglang.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
+from feather_bench.tools.server import SGLangServer
+from feather_bench.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
+from feather_sglang.sglang_integration import SGLANG_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "patch_sglang.py"
+PATCH = REPO / "patches" / f"sglang-{SGLANG_VERSION}-feather.patch"
 INSTALLED = Path(sglang.__file__).resolve().parent.parent  # the directory holding sglang/
 MARK = "# feather-sglang (patches/):"
 
 
 def _touched() -> list[str]:
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        from patch_sglang import patched_files
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return patched_files()
+    from feather_bench.patch_sglang import patched_files
+
+    return patched_files(PATCH)
 
 
 def _digests(root: Path, files: list[str]) -> dict[str, str]:
@@ -49,7 +47,12 @@ def _copy_sglang(tmp_path: Path) -> Path:
 
 
 def _run_script(target: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), str(target), *flags], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "feather_bench.patch_sglang", str(target), *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_patch_applies_checks_and_reverts_without_touching_the_install(tmp_path):
@@ -83,7 +86,9 @@ def test_patch_refuses_to_half_apply_when_one_anchor_moved(tmp_path):
     anchor = '        """Idle housekeeping: guard, check, metrics, reset, sleep."""\n'
     assert text.count(anchor) == 1
     scheduler.unlink()  # a new file: writing through the hard link would edit the install
-    scheduler.write_text(text.replace(anchor, '        """Idle housekeeping (a fork changed this line)."""\n'))
+    scheduler.write_text(
+        text.replace(anchor, '        """Idle housekeeping (a fork changed this line)."""\n')
+    )
     before = _digests(fork, files)
 
     for flags in ((), ("--check",)):
@@ -91,7 +96,9 @@ def test_patch_refuses_to_half_apply_when_one_anchor_moved(tmp_path):
         assert result.returncode == 1, result.stdout
         assert "does not apply" in result.stderr and "nothing was changed" in result.stderr
         assert "written for 0.5.23" in result.stderr
-        assert re.search(r"sglang/srt/managers/scheduler\.py: Hunk #\d+ FAILED", result.stderr), result.stderr
+        assert re.search(
+            r"sglang/srt/managers/scheduler\.py: Hunk #\d+ FAILED", result.stderr
+        ), result.stderr
     # every other hunk would have applied: none of them did
     assert _digests(fork, files) == before
 
@@ -111,7 +118,9 @@ def _hooks_installed_by_plugin(pythonpath: Path | None) -> list[str]:
         "'sglang.srt.server_args.'))))"
     )
     env = {**os.environ, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {})}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
     return ast.literal_eval(out.stdout.strip().splitlines()[-1])
 
 
@@ -129,19 +138,28 @@ def test_patched_sglang_serves_feather_without_the_plugin(tiny_model, tmp_path):
     --attention-backend feather, and its greedy outputs equal stock SGLang's fcfs/torch_native."""
     fork = _copy_sglang(tmp_path)
     assert _run_script(fork).returncode == 0
-    imported = subprocess.run([sys.executable, "-c", "import sglang; print(sglang.__file__)"], capture_output=True,
-                              text=True, env={**os.environ, "PYTHONPATH": str(fork)}).stdout
+    imported = subprocess.run(
+        [sys.executable, "-c", "import sglang; print(sglang.__file__)"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(fork)},
+    ).stdout
     assert imported.startswith(str(fork / "sglang")), imported
     prompts = shared_prefix_prompts(3, 4, repeat=24)
     common = ["--dtype", "float32", "--max-running-requests", "4", "--max-total-tokens", "16384"]
     runs = {
-        "patched": ("feather", ["--attention-backend", "feather", "--decode-log-interval", "1"],
-                    {"PYTHONPATH": str(fork), "SGLANG_PLUGINS": "none-feather-is-built-in"}),
+        "patched": (
+            "feather",
+            ["--attention-backend", "feather", "--decode-log-interval", "1"],
+            {"PYTHONPATH": str(fork), "SGLANG_PLUGINS": "none-feather-is-built-in"},
+        ),
         "stock": ("fcfs", ["--attention-backend", "torch_native"], {}),
     }
     outputs = {}
     for name, (policy, args, env) in runs.items():
-        with SGLangServer(tiny_model, policy, common + args, log_path=tmp_path / f"{name}.log", env=env) as server:
+        with SGLangServer(
+            tiny_model, policy, common + args, log_path=tmp_path / f"{name}.log", env=env
+        ) as server:
             outputs[name] = generate_all(server.url, prompts, max_new_tokens=16)
     problems = compare_greedy(outputs["patched"], outputs["stock"])
     assert not problems, "\n".join(problems)
@@ -149,4 +167,6 @@ def test_patched_sglang_serves_feather_without_the_plugin(tiny_model, tmp_path):
     log = (tmp_path / "patched.log").read_text(errors="replace")
     assert "feather attention backend: prefix-shared decode and extend" in log
     admitted = [int(n) for n in re.findall(r"feather: sched_time=.*? admitted=(\d+)", log)]
-    assert sum(admitted) > 0, "the feather planner never admitted a request through the patched seams"
+    assert (
+        sum(admitted) > 0
+    ), "the feather planner never admitted a request through the patched seams"

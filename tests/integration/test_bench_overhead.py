@@ -14,16 +14,44 @@ REPO = Path(__file__).resolve().parents[2]
 def test_bench_overhead_json_shape(tmp_path):
     out = tmp_path / "bench.json"
     run = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_overhead.py"), "--waiting", "64,256",
-         "--tokens", "600", "--repeats", "2", "--batch", "8", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "feather_bench.overhead",
+            "--waiting",
+            "64,256",
+            "--tokens",
+            "600",
+            "--repeats",
+            "2",
+            "--batch",
+            "8",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     assert {"machine", "rows", "summary"} <= result.keys()
-    for key in ("ratio_vs_dfs_weight_at_largest", "ratio_vs_lpm_at_largest", "insert_us_per_1k_tokens"):
+    for key in (
+        "ratio_vs_dfs_weight_at_largest",
+        "ratio_vs_lpm_at_largest",
+        "insert_us_per_1k_tokens",
+    ):
         assert result["summary"][key] > 0
-    row_keys = {"waiting", "prompt_tokens", "groups", "policy", "us_per_pass", "us_per_insert", "fell_back_to_fcfs"}
+    row_keys = {
+        "waiting",
+        "prompt_tokens",
+        "groups",
+        "policy",
+        "us_per_pass",
+        "us_per_insert",
+        "fell_back_to_fcfs",
+    }
     assert all(row_keys <= row.keys() for row in result["rows"])
     policies = {row["policy"] for row in result["rows"]}
     assert {"lpm", "lpm-no-fallback", "dfs-weight", "feather"} <= policies
@@ -46,7 +74,11 @@ def test_scale_benchmark_writes_per_pass_quantiles(tmp_path, capsys):
     assert scale.main(["--waiting", "300", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert [(r["scenario"], r["prompt_tokens"]) for r in data["rows"]] == [
-        ("fresh", 256), ("starved no-sharing", 256), ("after an abort", 256), ("fresh", 2048)]
+        ("fresh", 256),
+        ("starved no-sharing", 256),
+        ("after an abort", 256),
+        ("fresh", 2048),
+    ]
     assert all(r["resyncs"] == 0 and r["p99_us"] >= r["p50_us"] > 0 for r in data["rows"])
     assert all(r["feather_p99_us"] >= r["feather_p50_us"] > 0 for r in data["rows"])
     # An abort's pop is found by a search of the span it shifted, not by an O(W) reindex.

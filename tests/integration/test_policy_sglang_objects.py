@@ -30,7 +30,6 @@ from array import array
 
 import pytest
 import torch
-
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, SchedulePolicy
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
@@ -126,7 +125,9 @@ class MiniScheduler:
         self.server_args = ServerArgs(model_path="dummy", device="cpu", schedule_policy=policy)
         # NOTE: the paper's static rule unless a test says otherwise: its decisions are known
         # exactly from the chunk counts, which is what these tests of the seams check.
-        self.server_args._feather_config = config or FeatherConfig(agent="static")  # as --feather-* attach it
+        self.server_args._feather_config = config or FeatherConfig(
+            agent="static"
+        )  # as --feather-* attach it
         self.page_size = 1
         self.allocator = TokenToKVPoolAllocator(pool_tokens, torch.float16, "cpu", None, False)
         self.token_to_kv_pool_allocator = self.allocator  # the Scheduler's name for it
@@ -145,7 +146,9 @@ class MiniScheduler:
                 CacheInitParams(
                     disable=disable_radix,
                     req_to_token_pool=ReqToTokenPool(
-                        size=max_running_requests, max_context_len=1024, device="cpu",
+                        size=max_running_requests,
+                        max_context_len=1024,
+                        device="cpu",
                         enable_memory_saver=False,
                     ),
                     token_to_kv_pool_allocator=self.allocator,
@@ -322,13 +325,19 @@ def stock_world(policy_cls, policy: str):
     queue = []
     for i, (g, m) in enumerate(STOCK_ARRIVALS):
         queue.append(
-            make_req(f"g{g}-{m}", prompt(g, m), max_new_tokens=8 + 7 * ((i * 5) % 8),
-                     routing_key=f"k{g % 2}")
+            make_req(
+                f"g{g}-{m}",
+                prompt(g, m),
+                max_new_tokens=8 + 7 * ((i * 5) % 8),
+                routing_key=f"k{g % 2}",
+            )
         )
     queue.append(make_req("x-0", list(range(5, 80)), max_new_tokens=3, routing_key="k0"))
     running = ScheduleBatch(
-        reqs=[make_req("run-0", prompt(0, 98), routing_key="k1"),
-              make_req("run-1", prompt(1, 98), routing_key="k1")]
+        reqs=[
+            make_req("run-0", prompt(0, 98), routing_key="k1"),
+            make_req("run-1", prompt(1, 98), routing_key="k1"),
+        ]
     )
     return policy_cls(policy, cache, False, False, False), queue, running
 
@@ -341,7 +350,10 @@ def test_stock_policies_order_exactly_like_sglang(policy):
     # hook has rebound the name SchedulePolicy in every module, this one included; the stock
     # class is the one feather's subclass derives from.
     stock = FeatherSchedulePolicy.__bases__[0]
-    assert (stock.__module__, stock.__name__) == ("sglang.srt.managers.schedule_policy", "SchedulePolicy")
+    assert (stock.__module__, stock.__name__) == (
+        "sglang.srt.managers.schedule_policy",
+        "SchedulePolicy",
+    )
     theirs, their_queue, their_running = stock_world(stock, policy)
     ours, our_queue, our_running = stock_world(FeatherSchedulePolicy, policy)
     assert ours.feather is None
@@ -360,7 +372,9 @@ def test_stock_policies_order_exactly_like_sglang(policy):
 
 def test_feather_policy_keeps_fcfs_underneath():
     sched = MiniScheduler("feather")
-    assert sched.policy.policy == SchedulePolicy("fcfs", sched.tree_cache, False, False, False).policy
+    assert (
+        sched.policy.policy == SchedulePolicy("fcfs", sched.tree_cache, False, False, False).policy
+    )
     assert sched.feather is not None and sched.feather.scheduler is sched
     assert sched.feather.radix_enabled
     assert issubclass(sched._feather_adder_class, PrefillAdder)
@@ -404,7 +418,9 @@ def test_prefix_leader_then_its_group_only(cache):
     assert set(second.order[: len(group)]) == group
     # The plan moved to the front by swaps (O(plan), not O(W)): the others are all still
     # there, not necessarily in their old order (none of them is admitted this pass).
-    assert sorted(second.order[len(group):]) == sorted(rid for rid in queue_before if rid not in group)
+    assert sorted(second.order[len(group) :]) == sorted(
+        rid for rid in queue_before if rid not in group
+    )
     assert sched.feather.planner.stats.stops == {"prefix-leader": 1, "agent": 1}
     # The real adder took exactly the plan (each with a 400-token cache hit) and stopped at
     # the first request of another group.
@@ -443,7 +459,9 @@ def test_waiting_queue_is_reordered_in_place():
     sched.policy.calc_priority(queue, sched.running_batch)
     assert sched.feather.reindexes == reindexes + 1
     assert set(rids(queue)[: len(group)]) == group == set(sched.feather.plan_rids)
-    assert all(sched.feather._slot[r.rid] - sched.feather._slot_base == i for i, r in enumerate(queue))
+    assert all(
+        sched.feather._slot[r.rid] - sched.feather._slot_base == i for i, r in enumerate(queue)
+    )
     sched.feather.on_pass_end(None)
 
 
@@ -857,8 +875,9 @@ def test_a_fault_in_the_rebuild_stands_feather_down_to_fcfs(inject, caplog):
     assert sched.feather.stood_down and "feather stands down" in caplog.text
     # fcfs: the queue in its order, everything the pool and the cap allow admitted
     assert record.plan == frozenset() and record.admitted == queue_before
-    assert sorted(drain(sched) + record.admitted + [r.rid for r in reqs if r.rid not in queue_before]) \
-        == sorted(rids(reqs))
+    assert sorted(
+        drain(sched) + record.admitted + [r.rid for r in reqs if r.rid not in queue_before]
+    ) == sorted(rids(reqs))
 
 
 def test_a_failing_hook_is_contained_and_repaired_by_the_next_pass(inject):
@@ -896,7 +915,11 @@ def test_a_hooked_abort_costs_no_resync_and_an_unhooked_append_is_adopted_from_t
     sched.abort_waiting(sched.waiting_queue[3].rid)
     sched.waiting_queue.append(reqs[-1])  # queued without the enqueue hook
     sched.step()
-    assert sched.feather.resyncs == 0 and sched.feather.adopted == 1 and sched.feather.faults.total == 0
+    assert (
+        sched.feather.resyncs == 0
+        and sched.feather.adopted == 1
+        and sched.feather.faults.total == 0
+    )
 
 
 def test_aborts_from_the_middle_of_the_queue_cost_no_reindex(monkeypatch):
@@ -944,11 +967,26 @@ def test_a_reused_rid_is_a_new_request():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-OPS = ("arrive", "arrive", "arrive", "step", "step", "finish", "abort", "unhooked_abort", "unhooked_requeue",
-       "retract", "reuse_rid")
+OPS = (
+    "arrive",
+    "arrive",
+    "arrive",
+    "step",
+    "step",
+    "finish",
+    "abort",
+    "unhooked_abort",
+    "unhooked_requeue",
+    "retract",
+    "reuse_rid",
+)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 10**6)), min_size=180, max_size=220))
 def test_churn_keeps_feather_exact(monkeypatch_module, ops):
     """Arrivals, aborts (told and untold), requeues without the hook, retractions, finishes,

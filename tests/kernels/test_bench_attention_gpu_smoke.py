@@ -32,15 +32,37 @@ def test_gpu_bench_smoke_checks_both_kernels_against_reference(tmp_path):
     if src is None:
         pytest.skip("sglang is not installed: no decode kernel source to load")
     out = tmp_path / "smoke.json"
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
     # B=3 (not a power of two), a 20-token shared prefix, both head shapes, fp16 (the
     # interpreter's bf16 tl.dot is wrong, so SGLang's bf16 path is a GPU-only check)
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_attention_gpu.py"), "--smoke",
-         "--sglang", "source", "--sglang-src", str(src), "--dtypes", "float16",
-         "--batches", "3", "--prefixes", "20", "--json", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "feather_bench.attention_gpu",
+            "--smoke",
+            "--sglang",
+            "source",
+            "--sglang-src",
+            str(src),
+            "--dtypes",
+            "float16",
+            "--batches",
+            "3",
+            "--prefixes",
+            "20",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     data = json.loads(out.read_text())

@@ -55,14 +55,16 @@ def _close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
 
 # --- CPU path --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2)])
 @pytest.mark.parametrize("P", [0, 17, 64])
 @pytest.mark.parametrize("B", [1, 3, 8])
 def test_cpu_path_matches_reference(B, P, heads, dtype):
     Hq, Hkv = heads
-    batch = make_decode_batch([B], [P], _suffixes(B, P, seed=B * 100 + P), Hq, Hkv, 32,
-                              dtype=dtype, seed=B + P)
+    batch = make_decode_batch(
+        [B], [P], _suffixes(B, P, seed=B * 100 + P), Hq, Hkv, 32, dtype=dtype, seed=B + P
+    )
     ref = decode_attention_reference(*batch.args)
     # groups found from the table, and the true groups handed in (as a scheduler would)
     _close(prefix_shared_decode(*batch.args), ref, dtype)
@@ -98,17 +100,21 @@ def test_cpu_plan_is_reused_across_layers():
         v = torch.randn(batch.v_buffer.shape, generator=g)
         q = torch.randn(batch.q.shape, generator=g)
         args = (q, k, v, batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.scale)
-        _close(prefix_shared_decode(*args, plan=plan), decode_attention_reference(*args),
-               torch.float32)
+        _close(
+            prefix_shared_decode(*args, plan=plan), decode_attention_reference(*args), torch.float32
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("suffixes", [
-    [40, 33, 64, 50, 63],  # one length bucket, padded and masked
-    [64, 64, 64, 64, 64],  # one bucket, no padding (the benchmark's shape)
-    [1, 16, 5, 9, 0],  # short suffixes share a bucket; one request is the prefix alone
-    [0, 0, 0, 0, 0],  # prefix only
-])
+@pytest.mark.parametrize(
+    "suffixes",
+    [
+        [40, 33, 64, 50, 63],  # one length bucket, padded and masked
+        [64, 64, 64, 64, 64],  # one bucket, no padding (the benchmark's shape)
+        [1, 16, 5, 9, 0],  # short suffixes share a bucket; one request is the prefix alone
+        [0, 0, 0, 0, 0],  # prefix only
+    ],
+)
 def test_cpu_path_one_group_suffix_shapes(suffixes, dtype):
     batch = make_decode_batch([5], [30], suffixes, 9, 3, 64, dtype=dtype, seed=sum(suffixes))
     _close(prefix_shared_decode(*batch.args), decode_attention_reference(*batch.args), dtype)
@@ -124,19 +130,22 @@ def test_cpu_plan_buffers_are_not_returned():
     k = torch.randn(batch.k_buffer.shape, generator=g)
     v = torch.randn(batch.v_buffer.shape, generator=g)
     args = (batch.q, k, v) + batch.args[3:]
-    _close(prefix_shared_decode(*args, plan=plan), decode_attention_reference(*args),
-           torch.float32)
+    _close(prefix_shared_decode(*args, plan=plan), decode_attention_reference(*args), torch.float32)
     assert torch.equal(first, kept)
     # the same plan for another dtype (its own buffers) and a bigger head count
     args16 = (batch.q.bfloat16(), k.bfloat16(), v.bfloat16()) + batch.args[3:]
-    _close(prefix_shared_decode(*args16, plan=plan), decode_attention_reference(*args16),
-           torch.bfloat16)
+    _close(
+        prefix_shared_decode(*args16, plan=plan),
+        decode_attention_reference(*args16),
+        torch.bfloat16,
+    )
     q8 = torch.randn(batch.q.shape[0], 8, 32, generator=g)
     k8 = torch.randn(k.shape[0], 4, 32, generator=g)
     v8 = torch.randn(k.shape[0], 4, 32, generator=g)
     args8 = (q8, k8, v8) + batch.args[3:]
-    _close(prefix_shared_decode(*args8, plan=plan), decode_attention_reference(*args8),
-           torch.float32)
+    _close(
+        prefix_shared_decode(*args8, plan=plan), decode_attention_reference(*args8), torch.float32
+    )
 
 
 def test_cpu_path_strided_kv_buffers():
@@ -157,14 +166,13 @@ def test_cpu_paths_without_the_fused_flash_op(monkeypatch):
 
     monkeypatch.setattr(cpu, "_FLASH_CPU", None)
     batch = make_decode_batch([3, 2, 1], [40, 20, 0], [0, 5, 70, 1, 3, 9], 8, 2, 32, seed=5)
-    _close(prefix_shared_decode(*batch.args), decode_attention_reference(*batch.args),
-           torch.float32)
+    _close(
+        prefix_shared_decode(*batch.args), decode_attention_reference(*batch.args), torch.float32
+    )
     one = make_decode_batch([4], [40], [9, 12, 3, 16], 8, 2, 32, seed=9)  # one suffix bucket
-    _close(prefix_shared_decode(*one.args), decode_attention_reference(*one.args),
-           torch.float32)
+    _close(prefix_shared_decode(*one.args), decode_attention_reference(*one.args), torch.float32)
     ext = make_extend_batch([3, 1], [30, 0], [2, 0, 0, 0], [4, 1, 9, 6], 8, 2, 32, seed=6)
-    _close(prefix_shared_extend(*ext.args), extend_attention_reference(*ext.args),
-           torch.float32)
+    _close(prefix_shared_extend(*ext.args), extend_attention_reference(*ext.args), torch.float32)
 
 
 @pytest.mark.parametrize("native", [False, True])
@@ -177,14 +185,26 @@ def test_cpu_bfloat16_prefix_attended_in_either_dtype(native, monkeypatch):
     assert cpu.prefix_dtype(torch.bfloat16) == (torch.bfloat16 if native else torch.float32)
     assert cpu.prefix_dtype(torch.float32) == torch.float32
     for layout in ("scattered", "allocator"):  # gathered, and read in place (runs >= 256)
-        batch = make_decode_batch([3, 2, 1], [300, 20, 0], [0, 5, 70, 1, 3, 9], 9, 3, 32,
-                                  dtype=torch.bfloat16, seed=5, layout=layout)
-        _close(prefix_shared_decode(*batch.args), decode_attention_reference(*batch.args),
-               torch.bfloat16)
-    ext = make_extend_batch([3, 1], [30, 0], [2, 0, 0, 0], [4, 1, 9, 6], 9, 3, 32,
-                            dtype=torch.bfloat16, seed=6)
-    _close(prefix_shared_extend(*ext.args), extend_attention_reference(*ext.args),
-           torch.bfloat16)
+        batch = make_decode_batch(
+            [3, 2, 1],
+            [300, 20, 0],
+            [0, 5, 70, 1, 3, 9],
+            9,
+            3,
+            32,
+            dtype=torch.bfloat16,
+            seed=5,
+            layout=layout,
+        )
+        _close(
+            prefix_shared_decode(*batch.args),
+            decode_attention_reference(*batch.args),
+            torch.bfloat16,
+        )
+    ext = make_extend_batch(
+        [3, 1], [30, 0], [2, 0, 0, 0], [4, 1, 9, 6], 9, 3, 32, dtype=torch.bfloat16, seed=6
+    )
+    _close(prefix_shared_extend(*ext.args), extend_attention_reference(*ext.args), torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -192,8 +212,9 @@ def test_cpu_extend_group_rows_not_back_to_back(dtype):
     # a group of requests 0 and 2 (rows not adjacent: request 1 between them shares nothing)
     ext = make_extend_batch([3], [30], [0, 3, 0], [4, 5, 6], 8, 2, 32, dtype=dtype, seed=3)
     groups = [PrefixGroup(torch.tensor([2, 0]), 30), PrefixGroup(torch.tensor([1]), 0)]
-    _close(prefix_shared_extend(*ext.args, groups=groups), extend_attention_reference(*ext.args),
-           dtype)
+    _close(
+        prefix_shared_extend(*ext.args, groups=groups), extend_attention_reference(*ext.args), dtype
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -202,21 +223,24 @@ def test_cpu_path_allocator_layout_reads_runs_in_place(dtype):
     # such runs in place (one long run per group here), the result must not change.
     sizes, prefixes = [5, 3, 2], [600, 300, 40]
     suffixes = [64, 30, 1, 0, 17, 64, 64, 2, 9, 33]
-    batch = make_decode_batch(sizes, prefixes, suffixes, 9, 3, 64, dtype=dtype, seed=11,
-                              layout="allocator")
+    batch = make_decode_batch(
+        sizes, prefixes, suffixes, 9, 3, 64, dtype=dtype, seed=11, layout="allocator"
+    )
     plan = plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens)
     runs = sorted(n for part in plan.parts for _, n in part.runs)
     assert runs == [300, 600]  # the 40-token prefix is below _MIN_RUN: gathered
     assert all(part.rest is None for part in plan.parts)
-    _close(prefix_shared_decode(*batch.args, plan=plan), decode_attention_reference(*batch.args),
-           dtype)
+    _close(
+        prefix_shared_decode(*batch.args, plan=plan), decode_attention_reference(*batch.args), dtype
+    )
 
 
 def test_cpu_path_prefix_of_runs_and_scattered_slots():
     # a fragmented pool: the prefix is two long runs, short runs and single slots, listed out of
     # order in req_to_token; the runs are read in place, the rest gathered, merged by LSE
-    batch = make_decode_batch([4, 1], [800, 0], [5, 64, 0, 12, 3], 8, 2, 32, seed=12,
-                              layout="allocator", spare_slots=256)
+    batch = make_decode_batch(
+        [4, 1], [800, 0], [5, 64, 0, 12, 3], 8, 2, 32, seed=12, layout="allocator", spare_slots=256
+    )
     n_slots = batch.k_buffer.shape[0]
     prefix = torch.arange(1, 801, dtype=torch.int32)
     prefix[300:340] = torch.arange(n_slots - 40, n_slots, dtype=torch.int32)  # 40 moved slots
@@ -250,19 +274,22 @@ def test_synthetic_layouts():
 
 # --- extend (prefill on a cached prefix), CPU path --------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2)])
-@pytest.mark.parametrize("shape", [
-    # group sizes, shared prefixes, private cached tokens, new tokens
-    ([1], [0], [0], [7]),
-    ([3], [17], [0, 0, 0], [1, 5, 12]),
-    ([4, 2, 1], [50, 0, 20], [2, 0, 5, 0, 0, 4, 0], [5, 10, 1, 3, 7, 5, 2]),
-    ([8], [64], [0, 1, 2, 3, 0, 0, 9, 0], [1, 2, 3, 4, 33, 6, 7, 8]),
-])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        # group sizes, shared prefixes, private cached tokens, new tokens
+        ([1], [0], [0], [7]),
+        ([3], [17], [0, 0, 0], [1, 5, 12]),
+        ([4, 2, 1], [50, 0, 20], [2, 0, 5, 0, 0, 4, 0], [5, 10, 1, 3, 7, 5, 2]),
+        ([8], [64], [0, 1, 2, 3, 0, 0, 9, 0], [1, 2, 3, 4, 33, 6, 7, 8]),
+    ],
+)
 def test_cpu_extend_matches_reference(shape, heads, dtype):
     sizes, prefixes, private, new = shape
-    batch = make_extend_batch(sizes, prefixes, private, new, *heads, 32, dtype=dtype,
-                              seed=len(new))
+    batch = make_extend_batch(sizes, prefixes, private, new, *heads, 32, dtype=dtype, seed=len(new))
     ref = extend_attention_reference(*batch.args)
     _close(prefix_shared_extend(*batch.args), ref, dtype)
     given = [PrefixGroup(torch.tensor(m), p) for m, p in batch.groups]
@@ -271,18 +298,23 @@ def test_cpu_extend_matches_reference(shape, heads, dtype):
 
 def test_extend_groups_stop_at_the_cached_prefix():
     batch = make_extend_batch([3], [30], [4, 0, 2], [5, 6, 7], 4, 4, 16)
-    groups = find_extend_groups(batch.req_to_token, batch.req_pool_indices,
-                                batch.extend_prefix_lens)
+    groups = find_extend_groups(
+        batch.req_to_token, batch.req_pool_indices, batch.extend_prefix_lens
+    )
     assert [(g.batch_indices.tolist(), g.prefix_len) for g in groups] == [([0, 1, 2], 30)]
     # a shorter shared prefix than the cache holds is still exact
     short = [PrefixGroup(torch.tensor([0, 1, 2]), 20)]
-    _close(prefix_shared_extend(*batch.args, groups=short),
-           extend_attention_reference(*batch.args), torch.float32)
+    _close(
+        prefix_shared_extend(*batch.args, groups=short),
+        extend_attention_reference(*batch.args),
+        torch.float32,
+    )
     with pytest.raises(AssertionError):
         prefix_shared_extend(*batch.args, groups=[PrefixGroup(torch.tensor([0, 1, 2]), 31)])
 
 
 # --- find_prefix_groups ----------------------------------------------------------------------
+
 
 def _groups(table, rows, lens, **kw):
     r2t = torch.tensor(table, dtype=torch.int32)
@@ -302,7 +334,9 @@ def test_find_groups_common_length_and_branching():
     ]
     # batch order differs from pool rows
     assert _groups(table, [0, 2, 3, 1, 4], [5, 5, 5, 5, 5], min_prefix=1) == {
-        (0, 1, 2): 2, (3, 4): 5}
+        (0, 1, 2): 2,
+        (3, 4): 5,
+    }
     # without row 3 the 5-group shares 4
     assert _groups(table, [2, 0], [5, 5], min_prefix=1) == {(0, 1): 4}
 
@@ -334,8 +368,10 @@ def test_find_groups_prompts_that_only_start_alike():
 def _pad(table):
     """Rows of one width: each padded with slot ids of its own (past its seq_len)."""
     width = max(len(row) for row in table)
-    return [row + [10_000 + 1_000 * r + j for j in range(width - len(row))]
-            for r, row in enumerate(table)]
+    return [
+        row + [10_000 + 1_000 * r + j for j in range(width - len(row))]
+        for r, row in enumerate(table)
+    ]
 
 
 def test_find_groups_split_at_a_deeper_branch():
@@ -360,29 +396,36 @@ def test_find_groups_split_at_a_deeper_branch():
     table3 = _pad(short + [system + doc_b[:25] + [900 + i] for i in range(2)])
     assert _groups(table3, list(range(8)), [43] * 3 + [45] * 3 + [46] * 2) == {tuple(range(8)): 20}
     # members left at the branch stay a group at the common length; a single one is a loner
-    table4 = _pad([system + doc_a + [300 + i] for i in range(3)]
-                  + [system + [900 + i] * 5 for i in range(2)])
+    table4 = _pad(
+        [system + doc_a + [300 + i] for i in range(3)] + [system + [900 + i] * 5 for i in range(2)]
+    )
     assert _groups(table4, [0, 1, 2, 3, 4], [121] * 3 + [25] * 2) == {(0, 1, 2): 120, (3, 4): 20}
     table5 = _pad([system + doc_a + [300 + i] for i in range(3)] + [system + [900] * 5])
     assert _groups(table5, [0, 1, 2, 3], [121] * 3 + [25]) == {(0, 1, 2): 120, (3,): 0}
     # not worth it: the subsets share only one slot more than everyone
-    table6 = [system + [50] + [60 + i] * 30 for i in range(2)] + [system + [51] + [70 + i] * 30 for i in range(2)]
+    table6 = [system + [50] + [60 + i] * 30 for i in range(2)] + [
+        system + [51] + [70 + i] * 30 for i in range(2)
+    ]
     assert _groups(table6, [0, 1, 2, 3], [51] * 4) == {(0, 1, 2, 3): 20}
 
 
 def test_cpu_path_with_groups_split_at_a_deeper_branch():
     # two groups of the synthetic batch made to share their first 20 slots (one system
     # prompt): the finder splits at the branch and the step still matches the reference
-    batch = make_decode_batch([3, 3, 2], [150, 145, 0], [4, 0, 9, 1, 7, 3, 5, 2], 9, 3, 64,
-                              seed=21, layout="allocator")
+    batch = make_decode_batch(
+        [3, 3, 2], [150, 145, 0], [4, 0, 9, 1, 7, 3, 5, 2], 9, 3, 64, seed=21, layout="allocator"
+    )
     (a, pa), (b, pb) = batch.groups[:2]
     rows_a, rows_b = batch.req_pool_indices[a], batch.req_pool_indices[b]
     batch.req_to_token[rows_b, :20] = batch.req_to_token[rows_a[0], :20]
     groups = find_prefix_groups(batch.req_to_token, batch.req_pool_indices, batch.seq_lens)
     found = {tuple(g.batch_indices.tolist()): g.prefix_len for g in groups}
     assert found[tuple(a)] == 150 and found[tuple(b)] == 145
-    _close(prefix_shared_decode(*batch.args, groups=groups), decode_attention_reference(*batch.args),
-           torch.float32)
+    _close(
+        prefix_shared_decode(*batch.args, groups=groups),
+        decode_attention_reference(*batch.args),
+        torch.float32,
+    )
 
 
 def test_find_groups_verify_catches_tables_that_break_the_radix_invariant():
@@ -397,6 +440,7 @@ def test_find_groups_empty_batch():
 
 
 # --- merge_state -----------------------------------------------------------------------------
+
 
 def test_merge_state_equals_attention_over_all_keys():
     g = torch.Generator().manual_seed(0)
@@ -442,7 +486,8 @@ _DTYPES = ["float32", "bfloat16", "float16"]
 TRITON_CASES = [
     ([B], [P], _suffixes(B, P, seed=B * 10 + P), hq, hkv, 32, _DTYPES[i % 3], 1024)
     for i, (B, P, (hq, hkv)) in enumerate(
-        (B, P, h) for B in (1, 3, 8) for P in (0, 17, 64) for h in ((4, 4), (8, 2)))
+        (B, P, h) for B in (1, 3, 8) for P in (0, 17, 64) for h in ((4, 4), (8, 2))
+    )
 ] + [
     ([3], [64], [2, 0, 9], 8, 2, 64, "bfloat16", 1024),
     ([2, 3, 1, 2], [40, 100, 30, 0], [0, 3, 5, 0, 66, 2, 1, 7], 9, 3, 64, "float32", 32),
@@ -482,15 +527,22 @@ _TRITON_SCRIPT = textwrap.dedent(
 def _run_interpreted(script: str, cases: list) -> list[dict]:
     """``script`` run over ``cases`` under ``TRITON_INTERPRET=1`` in a subprocess: its results."""
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
     proc = subprocess.run(
         [sys.executable, "-c", script, json.dumps(cases)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS"))
-    return json.loads(line[len("RESULTS"):])
+    return json.loads(line[len("RESULTS") :])
 
 
 def _check_interpreted(r: dict, dtype_name: str) -> None:
@@ -521,8 +573,7 @@ def test_triton_interpreted_matches_reference(triton_interpreted, case):
 def test_triton_gpu_matches_reference(B, P, dtype):
     from feather_kernels.prefix_shared_triton import prefix_shared_decode_triton
 
-    batch = make_decode_batch([B], [P], _suffixes(B, P, seed=B + P), 9, 3, 64, dtype=dtype,
-                              seed=B)
+    batch = make_decode_batch([B], [P], _suffixes(B, P, seed=B + P), 9, 3, 64, dtype=dtype, seed=B)
     cuda = [t.cuda() if isinstance(t, torch.Tensor) else t for t in batch.args]
     ref = decode_attention_reference(*batch.args)
     out = prefix_shared_decode_triton(*cuda)
@@ -586,8 +637,9 @@ def test_triton_extend_gpu_matches_reference(dtype):
     from feather_kernels.prefix_shared_triton import prefix_shared_extend_triton
 
     # scaled: 31 requests extending over one cached 815-token prefix
-    batch = make_extend_batch([31], [815], [0] * 31, [48 + i for i in range(31)], 9, 3, 64,
-                              dtype=dtype, seed=5)
+    batch = make_extend_batch(
+        [31], [815], [0] * 31, [48 + i for i in range(31)], 9, 3, 64, dtype=dtype, seed=5
+    )
     cuda = [t.cuda() if isinstance(t, torch.Tensor) else t for t in batch.args]
     ref = extend_attention_reference(*batch.args)
     out = prefix_shared_extend_triton(*cuda)
@@ -596,7 +648,11 @@ def test_triton_extend_gpu_matches_reference(dtype):
 
 
 def test_package_import_does_not_import_triton():
-    code = ("import sys, feather_kernels; assert 'triton' not in sys.modules; "
-            "feather_kernels.prefix_shared_decode_triton")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    code = (
+        "import sys, feather_kernels; assert 'triton' not in sys.modules; "
+        "feather_kernels.prefix_shared_decode_triton"
+    )
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=120)

@@ -42,10 +42,14 @@ def test_ucb_forced_add_untried_first_then_upper_confidence_bound():
     assert agent.decide(lossy) is Action.STOP  # then STOP, still untried
     _run_batch(agent, 6, 0.02)  # 300 tokens/s credited to the STOP
     key = state_bin(lossy)
-    assert agent.counts[key] .tolist() == [1, 1] and agent.means[key].tolist() == pytest.approx([300, 600])
+    assert agent.counts[key].tolist() == [1, 1] and agent.means[key].tolist() == pytest.approx(
+        [300, 600]
+    )
     # both tried: mean + c sqrt(ln(t+1)/n); equal counts -> the better mean wins
     assert agent.decide(lossy) is Action.ADD
-    agent.counts[(*key, int(Action.ADD))] = 1000  # ADD well known, STOP barely: the bonus explores STOP
+    agent.counts[(*key, int(Action.ADD))] = (
+        1000  # ADD well known, STOP barely: the bonus explores STOP
+    )
     agent.means[(*key, int(Action.STOP))] = 600 - UCB_C * 0.5
     assert agent.decide(lossy) is Action.STOP
 
@@ -119,9 +123,17 @@ def test_shipped_agent_loads_through_config_and_matches_sb3(shipped):
     model = PPO.load(shipped, device="cpu")
     rng = np.random.default_rng(0)
     for _ in range(300):
-        s = _state(int(rng.integers(1, 40)), int(rng.integers(0, 40)), int(rng.integers(0, 40)),
-                   int(rng.integers(0, 40)), int(rng.integers(0, 80)), float(rng.random()))
-        assert int(agent.decide(s)) == int(model.predict(observe(s, agent.model), deterministic=True)[0])
+        s = _state(
+            int(rng.integers(1, 40)),
+            int(rng.integers(0, 40)),
+            int(rng.integers(0, 40)),
+            int(rng.integers(0, 40)),
+            int(rng.integers(0, 80)),
+            float(rng.random()),
+        )
+        assert int(agent.decide(s)) == int(
+            model.predict(observe(s, agent.model), deterministic=True)[0]
+        )
     assert agent.decide(_state(0, 0, 9)) is Action.ADD  # never STOP on an empty batch
 
 
@@ -148,8 +160,10 @@ def test_decisions_run_without_torch_and_report_their_latency(shipped, capsys, m
         times.append(time.perf_counter_ns() - t)
     median_us = statistics.median(times) / 1000
     with capsys.disabled():
-        print(f"\n  decision latency, ppo numpy forward (observe + 3 layers): median {median_us:.2f} us, "
-              f"p99 {sorted(times)[int(0.99 * len(times))] / 1000:.2f} us")
+        print(
+            f"\n  decision latency, ppo numpy forward (observe + 3 layers): median {median_us:.2f} us, "
+            f"p99 {sorted(times)[int(0.99 * len(times))] / 1000:.2f} us"
+        )
 
 
 def test_bad_policy_files_fail_at_configuration_with_a_clear_message(shipped, tmp_path):
@@ -198,7 +212,9 @@ def test_bad_policy_files_fail_at_configuration_with_a_clear_message(shipped, tm
             data = src.read(name)
             if name == "policy.pth":
                 weights = torch.load(io.BytesIO(data), weights_only=True)
-                key = next(k for k in weights if k.startswith("action_net.") and k.endswith("weight"))
+                key = next(
+                    k for k in weights if k.startswith("action_net.") and k.endswith("weight")
+                )
                 weights[key][0, 0] = float("nan")
                 buffer = io.BytesIO()
                 torch.save(weights, buffer)

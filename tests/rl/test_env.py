@@ -17,7 +17,9 @@ from feather_sglang.cht import ChunkedHashTree
 
 def _unrelated(w: warnings.WarningMessage) -> bool:
     # SWIG-built extension types imported by dependencies warn on Python 3.11; nothing of the env
-    return issubclass(w.category, DeprecationWarning) and "has no __module__ attribute" in str(w.message)
+    return issubclass(w.category, DeprecationWarning) and "has no __module__ attribute" in str(
+        w.message
+    )
 
 
 def test_registered_and_check_env_passes_without_warnings():
@@ -64,8 +66,15 @@ def test_candidates_come_from_feathers_cht_and_the_return_is_the_weighted_batch_
         view = env._cht.candidate_view(env._candidate)
         state = info["state"]
         assert (state.batch_size, state.chunks_before, state.chunks_after, state.waiting) == (
-            view.batch_size, view.chunks_before, view.chunks_after, view.waiting)
-        assert obs[0] == pytest.approx(state.batch_size / (state.batch_size + state.free_slots)) and 0.0 <= obs[6] <= 1.0
+            view.batch_size,
+            view.chunks_before,
+            view.chunks_after,
+            view.waiting,
+        )
+        assert (
+            obs[0] == pytest.approx(state.batch_size / (state.batch_size + state.free_slots))
+            and 0.0 <= obs[6] <= 1.0
+        )
         obs, reward, terminated, truncated, info = env.step(1)  # always ADD
         total += reward
         batches += info["dispatched"]
@@ -75,7 +84,11 @@ def test_candidates_come_from_feathers_cht_and_the_return_is_the_weighted_batch_
     assert sum(b["batch_size"] for b in batches) == n_requests
     assert all(b["batch_size"] <= env.max_batch for b in batches)
     expected = sum(b["batch_size"] / n_requests * b["tokens_per_s"] for b in batches)
-    assert total == pytest.approx(expected) == pytest.approx(info["episode_summary"]["mean_batch_throughput"])
+    assert (
+        total
+        == pytest.approx(expected)
+        == pytest.approx(info["episode_summary"]["mean_batch_throughput"])
+    )
 
 
 def test_stop_dispatches_and_truncation_is_apart_from_termination():
@@ -89,11 +102,21 @@ def test_stop_dispatches_and_truncation_is_apart_from_termination():
 
 
 def test_workload_file_and_bad_specs(tmp_path):
-    from feather_sglang.workloads import WorkloadError, build_workload, load_tokenizer, write_workload_file
+    from feather_bench.workloads import (
+        WorkloadError,
+        build_workload,
+        load_tokenizer,
+        write_workload_file,
+    )
     from feather_rl.workload_specs import DEFAULT_TOKENIZER
 
     path = tmp_path / "w.jsonl"
-    write_workload_file(build_workload("gsp", load_tokenizer(str(DEFAULT_TOKENIZER)), 5, groups=2, prompts_per_group=3), path)
+    write_workload_file(
+        build_workload(
+            "gsp", load_tokenizer(str(DEFAULT_TOKENIZER)), 5, groups=2, prompts_per_group=3
+        ),
+        path,
+    )
     env = BatchFormationEnv(workloads=(f"file:{path}",))
     env.reset(seed=0)
     done = False

@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from feather_rl.executors import DEFAULT_RECORDING, BatchKey, Measurement, RealExecutor, RecordingError, ReplayExecutor
+from feather_rl.executors import (
+    DEFAULT_RECORDING,
+    BatchKey,
+    Measurement,
+    RealExecutor,
+    RecordingError,
+    ReplayExecutor,
+)
 
 
 def test_shipped_recording_has_provenance_and_real_measurements():

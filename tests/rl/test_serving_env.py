@@ -35,8 +35,14 @@ class _StopAfterOne(StopAddAgent):
 
 
 @pytest.mark.parametrize("agent", ["static", "always-add", "admit", "throughput"])
-@pytest.mark.parametrize("regime", [SMALL, regimes.by_name("memory-ample/torch_native"),
-                                    Regime("poisson", 4, 40, 512, kv_groups=2.0, load=1.0, zipf=1.0)])
+@pytest.mark.parametrize(
+    "regime",
+    [
+        SMALL,
+        regimes.by_name("memory-ample/torch_native"),
+        Regime("poisson", 4, 40, 512, kv_groups=2.0, load=1.0, zipf=1.0),
+    ],
+)
 def test_every_request_finishes_within_the_pool(agent, regime):
     server = _CheckedServer(regime, 3, make(agent))
     result = server.run()
@@ -60,7 +66,9 @@ def test_a_stop_after_every_admission_still_serves_everything_but_slower():
     fast = simulate(SMALL, 1, make("always-add"))
     assert slow.output_tokens == fast.output_tokens
     assert slow.duration_s > 2 * fast.duration_s
-    print(f"\n  one request at a time: {slow.output_throughput:.1f} tok/s, always-add {fast.output_throughput:.1f}")
+    print(
+        f"\n  one request at a time: {slow.output_throughput:.1f} tok/s, always-add {fast.output_throughput:.1f}"
+    )
 
 
 def test_same_seed_same_run():
@@ -81,7 +89,10 @@ def test_serving_env_passes_check_env_and_returns_minus_relative_duration():
         if terminated:
             break
     # always ADD reproduces the reference run: the return is -1
-    assert total == pytest.approx(-1.0, abs=1e-9) and info["result"].output_tokens == SMALL.requests * 32
+    assert (
+        total == pytest.approx(-1.0, abs=1e-9)
+        and info["result"].output_tokens == SMALL.requests * 32
+    )
     # a reset mid-episode abandons the running server and starts over
     env.reset(seed=1)
     env.step(0)
@@ -94,10 +105,13 @@ def test_calibration_reads_step_models_and_prefills(tmp_path):
     log.write_text(
         "[t] Prefill batch, #new-seq: 1, #new-token: 512, #cached-token: 0, input throughput (token/s): 400.00\n"
         "[t] feather agent throughput: step model: 80.0 ms + 3.00 ms/request + 25.00 ms/1k tokens "
-        "(prefix-shared attention, 100 decode steps seen)\n")
+        "(prefix-shared attention, 100 decode steps seen)\n"
+    )
     other = tmp_path / "other.log"
-    other.write_text("[t] feather agent throughput: step model: 90.0 ms + 7.00 ms/request + 20.00 ms/1k tokens "
-                     "(per-request attention, 70 decode steps seen)\n")
+    other.write_text(
+        "[t] feather agent throughput: step model: 90.0 ms + 7.00 ms/request + 20.00 ms/1k tokens "
+        "(per-request attention, 70 decode steps seen)\n"
+    )
     data = calibrate.calibrate([log, other])
     assert data["decode"]["prefix_shared"] == pytest.approx([0.08, 0.003, 25e-6])
     assert data["decode"]["per_request"] == pytest.approx([0.09, 0.007, 20e-6])
@@ -112,12 +126,29 @@ def test_calibration_reads_step_models_and_prefills(tmp_path):
 def test_serving_eval_summarises_geomeans(tmp_path, capsys):
     out = tmp_path / "eval.json"
     names = "memory-ample/feather,memory-bound/torch_native"
-    assert evaluate.main(["--agents", "static,always-add,throughput", "--regimes", names, "--seeds", "2",
-                          "--trained", "throughput", "--json", str(out)]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--agents",
+                "static,always-add,throughput",
+                "--regimes",
+                names,
+                "--seeds",
+                "2",
+                "--trained",
+                "throughput",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
     s = data["summary"]
     rows = {(r["agent"], r["workload"]): r["mean_reward"] for r in data["rows"]}
-    expected = np.exp(np.mean(np.log([rows["throughput", w] / rows["static", w] for w in names.split(",")])))
+    expected = np.exp(
+        np.mean(np.log([rows["throughput", w] / rows["static", w] for w in names.split(",")]))
+    )
     assert s["trained_vs_static"] == pytest.approx(expected, rel=1e-3)
     assert s["geomean_vs_always_add"]["always-add"] == 1.0
     assert "trained_vs_best_fixed" in capsys.readouterr().out

@@ -16,15 +16,39 @@ TRAIN_WORKLOADS = f"gsp,{FEATHER_8X8_P400},no-sharing"
 
 
 def _mean_return(agent_spec: str, seeds=range(6)) -> float:
-    env = gym.make(feather_rl.ENV_ID, workloads=tuple(train.split_workloads(TRAIN_WORKLOADS))).unwrapped
-    return statistics.fmean(run_episode(env, make(agent_spec, s), seed=100 + s)["mean_batch_throughput"] for s in seeds)
+    env = gym.make(
+        feather_rl.ENV_ID, workloads=tuple(train.split_workloads(TRAIN_WORKLOADS))
+    ).unwrapped
+    return statistics.fmean(
+        run_episode(env, make(agent_spec, s), seed=100 + s)["mean_batch_throughput"] for s in seeds
+    )
 
 
 def test_short_ppo_run_beats_random_and_resumes(tmp_path):
     out = tmp_path / "run"
-    args = ["--env", "batch", "--algo", "ppo", "--workloads", TRAIN_WORKLOADS, "--seed", "0", "--out", str(out), "--checkpoint-every", "2048"]
+    args = [
+        "--env",
+        "batch",
+        "--algo",
+        "ppo",
+        "--workloads",
+        TRAIN_WORKLOADS,
+        "--seed",
+        "0",
+        "--out",
+        str(out),
+        "--checkpoint-every",
+        "2048",
+    ]
     assert train.main([*args, "--timesteps", "4096"]) == 0
-    for name in ("model.zip", "latest.zip", "monitor.csv", "progress.csv", "learning_curve.png", "provenance.json"):
+    for name in (
+        "model.zip",
+        "latest.zip",
+        "monitor.csv",
+        "progress.csv",
+        "learning_curve.png",
+        "provenance.json",
+    ):
         assert (out / name).exists(), name
     assert (out / "checkpoints" / "step_2048.zip").exists()
     trained, random_ = _mean_return(f"ppo:{out / 'model.zip'}"), _mean_return("random")
@@ -34,7 +58,9 @@ def test_short_ppo_run_beats_random_and_resumes(tmp_path):
     episodes_before = len((out / "monitor.csv").read_text().splitlines())
     assert train.main([*args, "--timesteps", "5120", "--resume"]) == 0
     prov = json.loads((out / "provenance.json").read_text())
-    assert prov["training"]["timesteps_done"] >= 5120 and prov["command"].startswith(("feather-train", "python", "pytest"))
+    assert prov["training"]["timesteps_done"] >= 5120 and prov["command"].startswith(
+        ("feather-train", "python", "pytest")
+    )
     assert len((out / "monitor.csv").read_text().splitlines()) > episodes_before
     # --resume refuses a latest.zip that feather-train did not write
     import zipfile
@@ -45,22 +71,50 @@ def test_short_ppo_run_beats_random_and_resumes(tmp_path):
 
 
 def test_eval_writes_rows_and_summary(tmp_path, capsys):
-    from feather_sglang.workloads import build_workload, load_tokenizer, write_workload_file
+    from feather_bench.workloads import build_workload, load_tokenizer, write_workload_file
     from feather_rl.workload_specs import DEFAULT_TOKENIZER
 
     wfile = tmp_path / "heldout.jsonl"
-    write_workload_file(build_workload("gsp", load_tokenizer(str(DEFAULT_TOKENIZER)), 9, groups=3, prompts_per_group=5), wfile)
+    write_workload_file(
+        build_workload(
+            "gsp", load_tokenizer(str(DEFAULT_TOKENIZER)), 9, groups=3, prompts_per_group=5
+        ),
+        wfile,
+    )
     shipped = evaluate.shipped_agents()
     assert shipped, "no shipped agent"
     out = tmp_path / "eval.json"
-    assert evaluate.main(["--env", "batch", "--agents", ",".join(["static", "always-add", "random", "ucb", shipped[0]]),
-                          "--workloads", "multilevel", "--workload-file", str(wfile), "--seeds", "2",
-                          "--warmup-episodes", "2", "--json", str(out)]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--env",
+                "batch",
+                "--agents",
+                ",".join(["static", "always-add", "random", "ucb", shipped[0]]),
+                "--workloads",
+                "multilevel",
+                "--workload-file",
+                str(wfile),
+                "--seeds",
+                "2",
+                "--warmup-episodes",
+                "2",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
-    assert {(r["agent"], r["workload"]) for r in data["rows"]} >= {("static", "multilevel"), ("static", f"file:{wfile}")}
+    assert {(r["agent"], r["workload"]) for r in data["rows"]} >= {
+        ("static", "multilevel"),
+        ("static", f"file:{wfile}"),
+    }
     assert all(len(r["rewards"]) == 2 and r["mean_reward"] > 0 for r in data["rows"])
     s = data["summary"]
-    assert s["trained"] == shipped[0] and s["trained_vs_static"] > 0 and s["trained_vs_always_add"] > 0
+    assert (
+        s["trained"] == shipped[0] and s["trained_vs_static"] > 0 and s["trained_vs_always_add"] > 0
+    )
     assert "trained_vs_static" in capsys.readouterr().out
 
 
@@ -72,14 +126,45 @@ def test_serving_env_training_uses_sb3_callbacks_and_overrides(tmp_path):
     from feather_sglang.config import FeatherConfig
 
     out = tmp_path / "serving"
-    assert train.main(["--timesteps", "2048", "--n-envs", "2", "--checkpoint-every", "1024", "--eval-every", "1024",
-                       "--out", str(out), "--hyperparams", "n_steps=256", "batch_size=64"]) == 0
-    for name in ("model.zip", "best_model.zip", "latest.zip", "eval/evaluations.npz", "checkpoints/step_1024.zip"):
+    assert (
+        train.main(
+            [
+                "--timesteps",
+                "2048",
+                "--n-envs",
+                "2",
+                "--checkpoint-every",
+                "1024",
+                "--eval-every",
+                "1024",
+                "--out",
+                str(out),
+                "--hyperparams",
+                "n_steps=256",
+                "batch_size=64",
+            ]
+        )
+        == 0
+    )
+    for name in (
+        "model.zip",
+        "best_model.zip",
+        "latest.zip",
+        "eval/evaluations.npz",
+        "checkpoints/step_1024.zip",
+    ):
         assert (out / name).exists(), name
-    assert json.loads((out / "provenance.json").read_text())["training"]["overrides"] == {"n_steps": 256, "batch_size": 64}
-    make_agent(FeatherConfig(agent=f"ppo:{out / 'best_model.zip'}"))  # loads: manifest, layout, weights
+    assert json.loads((out / "provenance.json").read_text())["training"]["overrides"] == {
+        "n_steps": 256,
+        "batch_size": 64,
+    }
+    make_agent(
+        FeatherConfig(agent=f"ppo:{out / 'best_model.zip'}")
+    )  # loads: manifest, layout, weights
     import pytest
 
     with pytest.raises(SystemExit):
-        train.main(["--out", str(tmp_path / "x"), "--hyperparams", "no_such_knob=1", "--timesteps", "10"])
+        train.main(
+            ["--out", str(tmp_path / "x"), "--hyperparams", "no_such_knob=1", "--timesteps", "10"]
+        )
     assert train.serving_ppo_kwargs()["gamma"] == 0.999  # from hyperparams/ppo.yml

@@ -1,6 +1,6 @@
 """The attention FLOP floor the server benchmark compares feather's attention time with."""
 
-from feather_sglang.bench.attention_e2e import attention_flops
+from feather_bench.attention_e2e import attention_flops
 
 
 def test_counts_each_shared_prefix_once_and_every_decode_step():
@@ -15,7 +15,13 @@ def test_counts_each_shared_prefix_once_and_every_decode_step():
 
 def test_does_not_depend_on_the_order_prompts_arrive_in():
     system, doc_a, doc_b = list(range(100, 140)), [7] * 20, [8] * 30
-    prompts = [system + doc_a + [1], system + doc_b + [2], system + doc_a + [3], [5, 6], system + [9]]
+    prompts = [
+        system + doc_a + [1],
+        system + doc_b + [2],
+        system + doc_a + [3],
+        [5, 6],
+        system + [9],
+    ]
     flops = attention_flops(prompts, 8, 2, 3, 4)
     assert attention_flops(prompts[::-1], 8, 2, 3, 4) == flops
     assert attention_flops(prompts[2:] + prompts[:2], 8, 2, 3, 4) == flops

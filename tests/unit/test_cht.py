@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from feather_sglang.chunk_hash import chunk_hashes
 from feather_sglang.cht import CandidateView, ChunkedHashTree, MemoryFootprint, RequestState
+from feather_sglang.chunk_hash import chunk_hashes
 
 EMPTY_FOOTPRINT = MemoryFootprint(0, 0, 0, 0, 0, 0, 0, 0, 0)
 

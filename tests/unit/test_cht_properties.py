@@ -13,7 +13,6 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feather_sglang.chunk_hash import chunk_hashes
 from feather_sglang.cht import (
     HEAP_COMPACT_MIN_STALE,
     HEAP_STALE_PER_LIVE,
@@ -21,6 +20,7 @@ from feather_sglang.cht import (
     ChunkedHashTree,
     RequestState,
 )
+from feather_sglang.chunk_hash import chunk_hashes
 
 # Small token alphabet so that suffixes collide with each other and with the prefixes.
 tokens = st.integers(min_value=0, max_value=3)
@@ -108,13 +108,16 @@ def check_against_model(tree: ChunkedHashTree, model: BruteForceModel) -> None:
         keys = model.keys[rid]
         shared = 0  # leading levels another waiting request holds too
         while shared < len(keys) and any(
-            other != rid and model.keys[other][: shared + 1] == keys[: shared + 1] for other in waiting
+            other != rid and model.keys[other][: shared + 1] == keys[: shared + 1]
+            for other in waiting
         ):
             shared += 1
         assert tree.waiting_shared_depth(rid) == shared
         held = len(keys) - model.deficit(rid)  # leading levels the running batch holds
         assert tree.waiting_shared_beyond_running(rid) == (shared if shared > held else 0)
-        group = {other for other in waiting if shared and model.keys[other][:shared] == keys[:shared]}
+        group = {
+            other for other in waiting if shared and model.keys[other][:shared] == keys[:shared]
+        }
         assert tree.waiting_group_size(rid) == (len(group) if shared else 1)
     for rid in running:
         assert tree.state(rid) is RequestState.RUNNING
@@ -154,7 +157,9 @@ def check_against_model(tree: ChunkedHashTree, model: BruteForceModel) -> None:
     # tournament's), stale ones bounded by each heap's compaction.
     passed = sum(1 for node in _nodes(tree) if node.waiting)
     assert footprint.live_heap_entries == len(waiting) + passed
-    bound = (HEAP_STALE_PER_LIVE + 1) * footprint.live_heap_entries + HEAP_COMPACT_MIN_STALE * (footprint.nodes + 1)
+    bound = (HEAP_STALE_PER_LIVE + 1) * footprint.live_heap_entries + HEAP_COMPACT_MIN_STALE * (
+        footprint.nodes + 1
+    )
     assert footprint.heap_entries <= bound
 
 

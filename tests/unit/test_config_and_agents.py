@@ -10,7 +10,12 @@ from feather_sglang.config import FeatherConfig, FeatherConfigError
 
 def test_defaults_are_the_papers_values():
     c = FeatherConfig()
-    assert (c.chunk_size, c.agent, c.static_max_loss, c.static_max_loss_crowded) == (50, "admit", 5, 7)
+    assert (c.chunk_size, c.agent, c.static_max_loss, c.static_max_loss_crowded) == (
+        50,
+        "admit",
+        5,
+        7,
+    )
     assert (c.static_crowd_threshold, c.static_floor_max, c.prefix_leader) == (10, 10, True)
 
 
@@ -20,14 +25,20 @@ def test_defaults_are_the_papers_values():
         ({"chunk_size": 0}, "--feather-chunk-size must be an integer >= 8, got 0"),
         ({"chunk_size": 2.5}, "--feather-chunk-size must be an integer >= 8, got 2.5"),
         ({"chunk_size": "x"}, "--feather-chunk-size must be an integer >= 8, got 'x'"),
-        ({"agent": "nope"}, "--feather-agent: unknown agent 'nope'; allowed: admit, dqn:PATH, ppo:PATH, qlearning, static, throughput, ucb"),
+        (
+            {"agent": "nope"},
+            "--feather-agent: unknown agent 'nope'; allowed: admit, dqn:PATH, ppo:PATH, qlearning, static, throughput, ucb",
+        ),
         ({"max_wait_s": -1}, "--feather-max-wait-s must be a number of seconds > 0"),
         ({"max_wait_s": 0}, "--feather-max-wait-s must be a number of seconds > 0"),
         ({"max_wait_s": float("nan")}, "--feather-max-wait-s must be a number of seconds > 0"),
         ({"static_max_loss": -1}, "--feather-static-max-loss must be an integer >= 0, got -1"),
         ({"static_floor_max": 0}, "--feather-static-floor-max must be an integer >= 1, got 0"),
         ({"prefix_leader": "maybe"}, "--feather-prefix-leader must be true or false, got 'maybe'"),
-        ({"static_max_loss": 8}, "--feather-static-max-loss-crowded (7) must be >= --feather-static-max-loss (8)"),
+        (
+            {"static_max_loss": 8},
+            "--feather-static-max-loss-crowded (7) must be >= --feather-static-max-loss (8)",
+        ),
     ],
 )
 def test_bad_values_say_what_is_allowed(kwargs, message):
@@ -38,20 +49,36 @@ def test_bad_values_say_what_is_allowed(kwargs, message):
 
 def test_from_prefixed_parses_strings_and_rejects_unknown_keys():
     c = FeatherConfig.from_prefixed(
-        {"feather_chunk_size": "64", "feather_max_wait_s": "inf", "feather_prefix_leader": "false", "feather_agent": None}
+        {
+            "feather_chunk_size": "64",
+            "feather_max_wait_s": "inf",
+            "feather_prefix_leader": "false",
+            "feather_agent": None,
+        }
     )
-    assert c.chunk_size == 64 and math.isinf(c.max_wait_s) and c.prefix_leader is False and c.agent == "admit"
+    assert (
+        c.chunk_size == 64
+        and math.isinf(c.max_wait_s)
+        and c.prefix_leader is False
+        and c.agent == "admit"
+    )
     with pytest.raises(FeatherConfigError, match="unknown feather option 'feather_chunksize'"):
         FeatherConfig.from_prefixed({"feather_chunksize": 3})
 
 
 def test_options_are_the_cli_flags():
     flags = [flag for flag, _ in FeatherConfig.options()]
-    assert "--feather-chunk-size" in flags and "--feather-max-wait-s" in flags and "--feather-agent" in flags
+    assert (
+        "--feather-chunk-size" in flags
+        and "--feather-max-wait-s" in flags
+        and "--feather-agent" in flags
+    )
 
 
 def _state(batch, before, after, waiting=0, queue=10):
-    return AgentState(batch_size=batch, chunks_before=before, chunks_after=after, waiting=waiting, queue_len=queue)
+    return AgentState(
+        batch_size=batch, chunks_before=before, chunks_after=after, waiting=waiting, queue_len=queue
+    )
 
 
 def test_static_rule():

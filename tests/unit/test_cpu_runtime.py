@@ -17,7 +17,9 @@ def test_standin_functions_raise_naming_themselves():
         __import__("importlib").machinery.ModuleSpec("sgl_kernel", None)
     )
     for name in sgl_kernel_standin.STANDIN_FUNCTIONS:
-        with pytest.raises(sgl_kernel_standin.SglKernelStandInError, match=f"sgl_kernel.{name} was called"):
+        with pytest.raises(
+            sgl_kernel_standin.SglKernelStandInError, match=f"sgl_kernel.{name} was called"
+        ):
             getattr(module, name)(1, 2)
     with pytest.raises(AttributeError, match="feather CPU stand-in"):
         module.some_cuda_only_kernel  # other names are missing, so sglang's fallbacks run
@@ -25,7 +27,9 @@ def test_standin_functions_raise_naming_themselves():
         exec("from sgl_kernel.scalar_type import scalar_types", {})
 
 
-@pytest.mark.skipif(cpu_runtime.gpu_present(), reason="the CPU runtime is only applied without a GPU")
+@pytest.mark.skipif(
+    cpu_runtime.gpu_present(), reason="the CPU runtime is only applied without a GPU"
+)
 def test_fresh_interpreter_has_the_runtime_applied():
     """The venv's .pth applies the runtime before anything else: sglang's scheduler module
     (which imports sgl_kernel names at load) and torchvision import in a bare interpreter."""
@@ -45,7 +49,10 @@ def test_runtime_can_be_switched_off():
     env.pop(cpu_runtime.ENV_APPLIED, None)
     out = subprocess.run(
         [sys.executable, "-c", "import os; print(os.environ.get('SGLANG_USE_CPU_ENGINE'))"],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert out.stdout.strip() == "None"
 
@@ -54,11 +61,24 @@ def test_server_defaults_only_fill_what_was_left_default(monkeypatch):
     monkeypatch.setattr(cpu_runtime, "gpu_present", lambda: False)
     monkeypatch.setattr(cpu_runtime, "cpu_flags", lambda: frozenset({"avx2"}))
     assert cpu_runtime.fastest_cpu_dtype() == "float32"
-    defaults = {"device": None, "attention_backend": None, "disable_overlap_schedule": False, "dtype": "auto"}
-    assert cpu_runtime.server_defaults(defaults) == {
-        "device": "cpu", "attention_backend": "torch_native", "disable_overlap_schedule": True, "dtype": "float32",
+    defaults = {
+        "device": None,
+        "attention_backend": None,
+        "disable_overlap_schedule": False,
+        "dtype": "auto",
     }
-    chosen = {"device": "cpu", "attention_backend": "triton", "disable_overlap_schedule": True, "dtype": "float16"}
+    assert cpu_runtime.server_defaults(defaults) == {
+        "device": "cpu",
+        "attention_backend": "torch_native",
+        "disable_overlap_schedule": True,
+        "dtype": "float32",
+    }
+    chosen = {
+        "device": "cpu",
+        "attention_backend": "triton",
+        "disable_overlap_schedule": True,
+        "dtype": "float16",
+    }
     assert cpu_runtime.server_defaults(chosen) == {}
     monkeypatch.setattr(cpu_runtime, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
     assert cpu_runtime.server_defaults(defaults)["dtype"] == "bfloat16"
@@ -74,10 +94,16 @@ def test_the_pth_line_is_harmless_once_feather_sglang_is_gone():
     from feather_sglang.cpu_runtime import PTH_LINE
 
     # -I -S: no site-packages, so feather_sglang cannot be found, as after an uninstall
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", PTH_LINE + "print('ok')"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", PTH_LINE + "print('ok')"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok" and out.stderr == ""
-    assert PTH_LINE.startswith("import ") and PTH_LINE.count("\n") == 1  # site executes it as one line
+    assert (
+        PTH_LINE.startswith("import ") and PTH_LINE.count("\n") == 1
+    )  # site executes it as one line
 
 
 def test_no_cpu_defaults_where_an_accelerator_is_present(monkeypatch):

@@ -29,7 +29,9 @@ def clock():
 
 def planner_with(clock, **overrides):
     """A planner with the paper's static rule (these tests are about the planner's mechanics)."""
-    return AdmissionPlanner(FeatherConfig(chunk_size=CHUNK, **{"agent": "static", **overrides}), clock=clock)
+    return AdmissionPlanner(
+        FeatherConfig(chunk_size=CHUNK, **{"agent": "static", **overrides}), clock=clock
+    )
 
 
 def arrive(planner, rids):

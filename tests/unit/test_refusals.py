@@ -17,12 +17,21 @@ def server_args(**kw) -> ServerArgs:
     return ServerArgs(model_path=kw.pop("model_path", "dummy"), device="cpu", **kw)
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"pp_size": 2}, "does not support pipeline parallelism (--pp-size 2)"),
-    ({"disaggregation_mode": "prefill"}, "does not support PD disaggregation (--disaggregation-mode prefill)"),
-    ({"dllm_algorithm": "LowConfidence"}, "does not support diffusion language models"),
-    ({"enable_priority_scheduling": True}, "cannot be combined with --enable-priority-scheduling"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"pp_size": 2}, "does not support pipeline parallelism (--pp-size 2)"),
+        (
+            {"disaggregation_mode": "prefill"},
+            "does not support PD disaggregation (--disaggregation-mode prefill)",
+        ),
+        ({"dllm_algorithm": "LowConfidence"}, "does not support diffusion language models"),
+        (
+            {"enable_priority_scheduling": True},
+            "cannot be combined with --enable-priority-scheduling",
+        ),
+    ],
+)
 def test_policy_refuses_modes_it_cannot_follow(kw, message):
     problems = args_mod.startup_refusals(server_args(schedule_policy="feather", **kw))
     assert len(problems) == 1 and message in problems[0]
@@ -30,10 +39,16 @@ def test_policy_refuses_modes_it_cannot_follow(kw, message):
     assert args_mod.startup_refusals(server_args(schedule_policy="fcfs", **kw)) == []
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"kv_cache_dtype": "fp8_e4m3"}, "does not support --kv-cache-dtype fp8_e4m3; allowed: auto"),
-    ({"speculative_algorithm": "EAGLE"}, "does not support speculative decoding"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (
+            {"kv_cache_dtype": "fp8_e4m3"},
+            "does not support --kv-cache-dtype fp8_e4m3; allowed: auto",
+        ),
+        ({"speculative_algorithm": "EAGLE"}, "does not support speculative decoding"),
+    ],
+)
 def test_backend_refuses_what_it_does_not_implement(kw, message):
     problems = args_mod.startup_refusals(server_args(attention_backend="feather", **kw))
     assert len(problems) == 1 and message in problems[0]
@@ -41,10 +56,16 @@ def test_backend_refuses_what_it_does_not_implement(kw, message):
 
 
 def test_backend_refuses_models_with_soft_capping_or_sinks(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma2", "attn_logit_softcapping": 50.0}))
-    problems = args_mod.startup_refusals(server_args(attention_backend="feather", model_path=str(tmp_path)))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "gemma2", "attn_logit_softcapping": 50.0})
+    )
+    problems = args_mod.startup_refusals(
+        server_args(attention_backend="feather", model_path=str(tmp_path))
+    )
     assert problems and "logit soft-capping" in problems[0]
-    assert refusals.model_refusals({"model_type": "gpt_oss"})[0].endswith("use SGLang's own backends for it")
+    assert refusals.model_refusals({"model_type": "gpt_oss"})[0].endswith(
+        "use SGLang's own backends for it"
+    )
     assert refusals.model_refusals({"model_type": "llama"}) == []
     assert refusals.local_hf_config("org/not-a-local-dir") is None
 
@@ -61,15 +82,23 @@ def test_cli_refusal_exits_2_with_the_reason(capsys):
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     args_mod.add_cli_args_after(None, parser)
-    ns = parser.parse_args(["--model-path", "dummy", "--schedule-policy", "feather", "--pp-size", "2"])
+    ns = parser.parse_args(
+        ["--model-path", "dummy", "--schedule-policy", "feather", "--pp-size", "2"]
+    )
     with pytest.raises(SystemExit) as exit_:
         args_mod.from_cli_args_after(ServerArgs.from_cli_args(ns), ServerArgs, ns)
     assert exit_.value.code == 2
-    assert "error: --schedule-policy feather does not support pipeline parallelism" in capsys.readouterr().err
+    assert (
+        "error: --schedule-policy feather does not support pipeline parallelism"
+        in capsys.readouterr().err
+    )
 
 
 def test_feather_backend_turns_cuda_graphs_off_with_a_log_line(caplog):
-    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+    from sglang.srt.arg_groups.choices import (
+        ATTENTION_BACKEND_CHOICES,
+        add_attention_backend_choices,
+    )
 
     if "feather" not in ATTENTION_BACKEND_CHOICES:  # as install_hooks does
         add_attention_backend_choices(["feather"])
@@ -82,4 +111,9 @@ def test_feather_backend_turns_cuda_graphs_off_with_a_log_line(caplog):
     assert result.disable_cuda_graph is True
     assert "CUDA graphs are disabled because of --attention-backend feather" in caplog.text
     ns = parser.parse_args(["--model-path", "dummy"])
-    assert args_mod.from_cli_args_after(ServerArgs.from_cli_args(ns), ServerArgs, ns).disable_cuda_graph is False
+    assert (
+        args_mod.from_cli_args_after(
+            ServerArgs.from_cli_args(ns), ServerArgs, ns
+        ).disable_cuda_graph
+        is False
+    )

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Decode attention step time: feather's prefix-shared CPU path vs torch_native .
 
-    .venv/bin/python scripts/bench_attention.py --json results/bench_attention.json
-    .venv/bin/python scripts/bench_attention.py --quick
+    python -m feather_bench.attention --json results/bench_attention.json
+    python -m feather_bench.attention --quick
 
 One layer, one decode step, on the same SGLang-layout KV pool and batch: B requests sharing a
 P-token prefix (equal leading slot ids, as a radix-cache hit leaves them) plus 64 own tokens
@@ -42,7 +41,7 @@ the targets are stated for (8 query and 8 KV heads, head dim 64; rows with ``"sh
 ``--extend`` adds the extend case (``prefix_shared_extend`` vs torch_native's extend
 loop, which attends all ``seq_len`` query rows and keeps the new ones).
 ``--server`` adds the end-to-end comparison on a real server
-(:func:`feather_sglang.bench.attention_e2e.run_server_comparison`): total times, their split
+(:func:`feather_bench.attention_e2e.run_server_comparison`): total times, their split
 into extend, decode and attention from the batch trace, and two bounds on the ratio, with
 feather's attention free and with it taking only its own FLOPs (the prompts' shared prefix
 computed once) at the GEMM peak measured here at the servers' thread count and dtype.
@@ -57,14 +56,14 @@ import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+import torch
+from torch.nn.functional import scaled_dot_product_attention
 
-import torch  # noqa: E402
-from torch.nn.functional import scaled_dot_product_attention  # noqa: E402
-
-from feather_kernels import (  # noqa: E402
+from feather_bench.argtypes import ints
+from feather_bench.paths import RESULTS_DIR, model_dir
+from feather_bench.timing import medians_ms
+from feather_bench.tools.machine import describe
+from feather_kernels import (
     PrefixGroup,
     find_extend_groups,
     find_prefix_groups,
@@ -72,10 +71,8 @@ from feather_kernels import (  # noqa: E402
     prefix_shared_decode,
     prefix_shared_extend,
 )
-from feather_kernels.prefix_shared_cpu import prefix_dtype  # noqa: E402
-from feather_kernels.synthetic import LAYOUTS, make_decode_batch, make_extend_batch  # noqa: E402
-from feather_sglang.bench.timing import medians_ms  # noqa: E402
-from feather_sglang.tools.machine import describe  # noqa: E402
+from feather_kernels.prefix_shared_cpu import prefix_dtype
+from feather_kernels.synthetic import LAYOUTS, make_decode_batch, make_extend_batch
 
 HQ, HKV, HEAD_DIM = 9, 3, 64  # SmolLM2-135M-Instruct
 # 8 query and 8 KV heads of dimension 64: the shape the speed-up targets (8x at B16/P2048,
@@ -99,18 +96,32 @@ def torch_native_decode(q, k_cache, v_cache, req_to_token, req_pool_indices, seq
         per_req_value = v_cache[per_req_tokens].movedim(0, query.dim() - 2)
         per_req_out = (
             scaled_dot_product_attention(
-                per_req_query.unsqueeze(0), per_req_key.unsqueeze(0),
-                per_req_value.unsqueeze(0), enable_gqa=enable_gqa, scale=scale,
+                per_req_query.unsqueeze(0),
+                per_req_key.unsqueeze(0),
+                per_req_value.unsqueeze(0),
+                enable_gqa=enable_gqa,
+                scale=scale,
                 is_causal=False,
-            ).squeeze(0).movedim(query.dim() - 2, 0)
+            )
+            .squeeze(0)
+            .movedim(query.dim() - 2, 0)
         )
         output[start_q:end_q, :, :] = per_req_out
         start_q = end_q
     return output
 
 
-def torch_native_extend(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-                        extend_prefix_lens, extend_seq_lens, scale):
+def torch_native_extend(
+    q,
+    k_cache,
+    v_cache,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    extend_prefix_lens,
+    extend_seq_lens,
+    scale,
+):
     """SGLang 0.5.23 torch_native extend (``_run_sdpa_forward_extend``, causal), same tensors."""
     output = torch.empty_like(q)
     query = q.movedim(0, q.dim() - 2)
@@ -124,16 +135,25 @@ def torch_native_extend(q, k_cache, v_cache, req_to_token, req_pool_indices, seq
         per_req_query = query[:, start_q:end_q, :]
         # NOTE: torch_native attends a full seq_len of query rows (the cached prefix rows
         # included) and keeps the last extend_seq_len of them.
-        redundant = torch.empty((per_req_query.shape[0], seq_len_kv, per_req_query.shape[2]),
-                                dtype=per_req_query.dtype)
+        redundant = torch.empty(
+            (per_req_query.shape[0], seq_len_kv, per_req_query.shape[2]), dtype=per_req_query.dtype
+        )
         redundant[:, prefill_seq_len_q:, :] = per_req_query
         per_req_tokens = req_to_token[req_pool_indices[seq_idx], 0:seq_len_kv]
         per_req_key = k_cache[per_req_tokens].movedim(0, query.dim() - 2)
         per_req_value = v_cache[per_req_tokens].movedim(0, query.dim() - 2)
-        out = scaled_dot_product_attention(
-            redundant.unsqueeze(0), per_req_key.unsqueeze(0), per_req_value.unsqueeze(0),
-            enable_gqa=enable_gqa, scale=scale, is_causal=True,
-        ).squeeze(0).movedim(query.dim() - 2, 0)
+        out = (
+            scaled_dot_product_attention(
+                redundant.unsqueeze(0),
+                per_req_key.unsqueeze(0),
+                per_req_value.unsqueeze(0),
+                enable_gqa=enable_gqa,
+                scale=scale,
+                is_causal=True,
+            )
+            .squeeze(0)
+            .movedim(query.dim() - 2, 0)
+        )
         output[start_q:end_q, :, :] = out[prefill_seq_len_q:, :, :]
         start_q = end_q
     return output
@@ -144,23 +164,52 @@ def run_extend(dtypes, requests: int, prefix: int, new_tokens: int, repeats: int
     cached ``prefix``-token shared prefix, one layer."""
     rows = []
     for dtype in dtypes:
-        batch = make_extend_batch([requests], [prefix], [0] * requests, [new_tokens] * requests,
-                                  HQ, HKV, HEAD_DIM, dtype=dtype, seed=requests)
-        groups = find_extend_groups(batch.req_to_token, batch.req_pool_indices,
-                                    batch.extend_prefix_lens)
-        native, feather = medians_ms(lambda: torch_native_extend(*batch.args),
-                                      lambda: prefix_shared_extend(*batch.args, groups=groups),
-                                      repeats=repeats)
-        err = (prefix_shared_extend(*batch.args, groups=groups).float()
-               - torch_native_extend(*batch.args).float()).abs().max().item()
-        row = {"dtype": str(dtype).removeprefix("torch."), "requests": requests,
-               "P": prefix, "new_tokens": new_tokens, "torch_native_ms": round(native, 2),
-               "feather_ms": round(feather, 2), "speedup": round(native / feather, 2),
-               "max_abs_diff": err, "repeats": repeats}
+        batch = make_extend_batch(
+            [requests],
+            [prefix],
+            [0] * requests,
+            [new_tokens] * requests,
+            HQ,
+            HKV,
+            HEAD_DIM,
+            dtype=dtype,
+            seed=requests,
+        )
+        groups = find_extend_groups(
+            batch.req_to_token, batch.req_pool_indices, batch.extend_prefix_lens
+        )
+        native, feather = medians_ms(
+            lambda: torch_native_extend(*batch.args),
+            lambda: prefix_shared_extend(*batch.args, groups=groups),
+            repeats=repeats,
+        )
+        err = (
+            (
+                prefix_shared_extend(*batch.args, groups=groups).float()
+                - torch_native_extend(*batch.args).float()
+            )
+            .abs()
+            .max()
+            .item()
+        )
+        row = {
+            "dtype": str(dtype).removeprefix("torch."),
+            "requests": requests,
+            "P": prefix,
+            "new_tokens": new_tokens,
+            "torch_native_ms": round(native, 2),
+            "feather_ms": round(feather, 2),
+            "speedup": round(native / feather, 2),
+            "max_abs_diff": err,
+            "repeats": repeats,
+        }
         rows.append(row)
-        print(f"extend {row['dtype']:>9} {requests:>3} x {new_tokens} new over P={prefix}: "
-              f"torch_native {native:.1f} ms, feather {feather:.1f} ms, "
-              f"{native / feather:.2f}x", flush=True)
+        print(
+            f"extend {row['dtype']:>9} {requests:>3} x {new_tokens} new over P={prefix}: "
+            f"torch_native {native:.1f} ms, feather {feather:.1f} ms, "
+            f"{native / feather:.2f}x",
+            flush=True,
+        )
     return rows
 
 
@@ -176,8 +225,16 @@ def run_split(repeats: int) -> list[dict]:
     prompt (what the finder returned before the split), float32."""
     rows = []
     for system, doc, docs, per in SPLIT_SHAPES:
-        batch = make_decode_batch([per] * docs, [system + doc] * docs, [20] * (docs * per), HQ,
-                                  HKV, HEAD_DIM, seed=system + doc, layout="allocator")
+        batch = make_decode_batch(
+            [per] * docs,
+            [system + doc] * docs,
+            [20] * (docs * per),
+            HQ,
+            HKV,
+            HEAD_DIM,
+            seed=system + doc,
+            layout="allocator",
+        )
         r2t, rpi, lens = batch.req_to_token, batch.req_pool_indices, batch.seq_lens
         first = rpi[batch.groups[0][0][0]]
         for members, _ in batch.groups[1:]:  # every document after the same system prompt
@@ -190,21 +247,33 @@ def run_split(repeats: int) -> list[dict]:
         # NOTE: timed in pairs against one group: in a round of three, the call after another
         # plan's ran ~10% slower than the same plan elsewhere in the round (seen with equal plans).
         t_found, t_one = medians_ms(step[0], step[2], repeats=repeats)
-        same = [[g.batch_indices.tolist(), g.prefix_len] for g in any_saving] == \
-            [[g.batch_indices.tolist(), g.prefix_len] for g in found]
+        same = [[g.batch_indices.tolist(), g.prefix_len] for g in any_saving] == [
+            [g.batch_indices.tolist(), g.prefix_len] for g in found
+        ]
         t_any = t_found if same else medians_ms(step[1], step[2], repeats=repeats)[0]
         times = (t_found, t_any, t_one)
-        row = {"system": system, "document": doc, "documents": docs, "per_document": per,
-               "groups_found": [[len(g.batch_indices), g.prefix_len] for g in found],
-               "groups_any_saving": [[len(g.batch_indices), g.prefix_len] for g in any_saving],
-               "split_ms": round(times[0], 3), "any_saving_ms": round(times[1], 3),
-               "one_group_ms": round(times[2], 3), "speedup": round(times[2] / times[0], 2),
-               "speedup_any_saving": round(times[2] / times[1], 2), "repeats": repeats}
+        row = {
+            "system": system,
+            "document": doc,
+            "documents": docs,
+            "per_document": per,
+            "groups_found": [[len(g.batch_indices), g.prefix_len] for g in found],
+            "groups_any_saving": [[len(g.batch_indices), g.prefix_len] for g in any_saving],
+            "split_ms": round(times[0], 3),
+            "any_saving_ms": round(times[1], 3),
+            "one_group_ms": round(times[2], 3),
+            "speedup": round(times[2] / times[0], 2),
+            "speedup_any_saving": round(times[2] / times[1], 2),
+            "repeats": repeats,
+        }
         rows.append(row)
-        print(f"split: system {system} + {docs} documents of {doc} x {per} requests: groups "
-              f"{row['groups_found']}: {times[0]:.2f} ms; split at any saving: {times[1]:.2f} ms; "
-              f"one group at {system}: {times[2]:.2f} ms; {row['speedup']:.2f}x and "
-              f"{row['speedup_any_saving']:.2f}x", flush=True)
+        print(
+            f"split: system {system} + {docs} documents of {doc} x {per} requests: groups "
+            f"{row['groups_found']}: {times[0]:.2f} ms; split at any saving: {times[1]:.2f} ms; "
+            f"one group at {system}: {times[2]:.2f} ms; {row['speedup']:.2f}x and "
+            f"{row['speedup_any_saving']:.2f}x",
+            flush=True,
+        )
     return rows
 
 
@@ -221,22 +290,22 @@ def pin_malloc() -> bool:
     try:
         libc = ctypes.CDLL("libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's mallopt parameters
-        return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
+        return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(
+            libc.mallopt(m_trim_threshold, 1 << 30)
+        )
     except (OSError, AttributeError):
         return False
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x)
-
-
-def decode_cell(B: int, P: int, dtype=torch.float32, hq: int = HQ, hkv: int = HKV,
-                layout: str = "scattered"):
+def decode_cell(
+    B: int, P: int, dtype=torch.float32, hq: int = HQ, hkv: int = HKV, layout: str = "scattered"
+):
     """One cell's batch (``B`` requests sharing ``P`` prefix slots, ``SUFFIX`` own tokens each,
     slot ids laid out as ``layout``, see ``make_decode_batch``) and its plan, as a backend
     builds it once per forward batch."""
-    batch = make_decode_batch([B], [P], [SUFFIX] * B, hq, hkv, HEAD_DIM, dtype=dtype, seed=B + P,
-                              layout=layout)
+    batch = make_decode_batch(
+        [B], [P], [SUFFIX] * B, hq, hkv, HEAD_DIM, dtype=dtype, seed=B + P, layout=layout
+    )
     groups = [PrefixGroup(torch.tensor(m), p) for m, p in batch.groups]
     return batch, plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens, groups)
 
@@ -244,7 +313,11 @@ def decode_cell(B: int, P: int, dtype=torch.float32, hq: int = HQ, hkv: int = HK
 def _machine() -> dict:
     # the dtype feather's CPU path attends a bfloat16 cache's prefix in (bfloat16 on AMX hosts)
     bf16_prefix = str(prefix_dtype(torch.bfloat16)).removeprefix("torch.")
-    return {**describe(), "torch_threads": torch.get_num_threads(), "bf16_prefix_dtype": bf16_prefix}
+    return {
+        **describe(),
+        "torch_threads": torch.get_num_threads(),
+        "bf16_prefix_dtype": bf16_prefix,
+    }
 
 
 def gemm_peak_gflops(repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
@@ -257,17 +330,27 @@ def gemm_peak_gflops(repeats: int = 5, dtype: torch.dtype = torch.float32) -> fl
         t0 = time.perf_counter()
         torch.mm(a, b)
         best = min(best, time.perf_counter() - t0)
-    return 2 * 1024 ** 3 / best / 1e9
+    return 2 * 1024**3 / best / 1e9
 
 
 def _print_server(result: dict) -> None:
-    med, split, peak = result["median_s"], result["median_split_s"], result["attention_at_gemm_peak"]
-    print(f"  medians: feather {med['feather']:.2f} s (attention {split['feather']['attention_s']:.2f} s), "
-          f"torch_native {med['torch_native']:.2f} s: {result['speedup_total_time']:.2f}x; "
-          f"bound with free attention {result['speedup_bound_if_attention_were_free']}x", flush=True)
-    print(f"  attention's own FLOPs (shared prefix once): {peak['attention_gflops']} GFLOP, "
-          f"{peak['attention_floor_s']:.2f} s at the servers' GEMM peak ({peak['gemm_peak_gflops']} GFLOPS); "
-          f"feather's attention at that floor would give {peak['speedup_bound']}x", flush=True)
+    med, split, peak = (
+        result["median_s"],
+        result["median_split_s"],
+        result["attention_at_gemm_peak"],
+    )
+    print(
+        f"  medians: feather {med['feather']:.2f} s (attention {split['feather']['attention_s']:.2f} s), "
+        f"torch_native {med['torch_native']:.2f} s: {result['speedup_total_time']:.2f}x; "
+        f"bound with free attention {result['speedup_bound_if_attention_were_free']}x",
+        flush=True,
+    )
+    print(
+        f"  attention's own FLOPs (shared prefix once): {peak['attention_gflops']} GFLOP, "
+        f"{peak['attention_floor_s']:.2f} s at the servers' GEMM peak ({peak['gemm_peak_gflops']} GFLOPS); "
+        f"feather's attention at that floor would give {peak['speedup_bound']}x",
+        flush=True,
+    )
 
 
 def prefix_flops_ms(B: int, P: int, hq: int, peak_gflops: float) -> float:
@@ -294,17 +377,25 @@ def prefix_gemm_ms(B: int, P: int, hq: int, hkv: int, repeats: int) -> float:
     if B == 0 or P == 0:
         return 0.0  # no prefix, no floor
     M = B * (hq // hkv)
-    q, k, v = torch.randn(hkv, M, HEAD_DIM), torch.randn(hkv, P, HEAD_DIM), torch.randn(hkv, P, HEAD_DIM)
+    q, k, v = (
+        torch.randn(hkv, M, HEAD_DIM),
+        torch.randn(hkv, P, HEAD_DIM),
+        torch.randn(hkv, P, HEAD_DIM),
+    )
     w = min(GEMM_BLOCK, P)
-    scores, probs, out = torch.empty(hkv, M, w), torch.randn(hkv, M, w), torch.empty(hkv, M, HEAD_DIM)
+    scores, probs, out = (
+        torch.empty(hkv, M, w),
+        torch.randn(hkv, M, w),
+        torch.empty(hkv, M, HEAD_DIM),
+    )
 
     def products():
         for a in range(0, P, w):
             n = min(w, P - a)  # the last block may be shorter
-            torch.matmul(q, k[:, a:a + n].transpose(1, 2), out=scores[:, :, :n])
-            torch.matmul(probs[:, :, :n], v[:, a:a + n], out=out)
+            torch.matmul(q, k[:, a : a + n].transpose(1, 2), out=scores[:, :, :n])
+            torch.matmul(probs[:, :, :n], v[:, a : a + n], out=out)
 
-    one, = medians_ms(products, repeats=repeats)
+    (one,) = medians_ms(products, repeats=repeats)
     return one
 
 
@@ -312,8 +403,17 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.1f}x" if b else "-"
 
 
-def run(batches, prefixes, dtypes, repeats: int, peak_gflops: float, hq: int = HQ,
-        hkv: int = HKV, shape: str = "smollm2", layout: str = "scattered") -> list[dict]:
+def run(
+    batches,
+    prefixes,
+    dtypes,
+    repeats: int,
+    peak_gflops: float,
+    hq: int = HQ,
+    hkv: int = HKV,
+    shape: str = "smollm2",
+    layout: str = "scattered",
+) -> list[dict]:
     rows = []
     for dtype in dtypes:
         for B in batches:
@@ -321,97 +421,182 @@ def run(batches, prefixes, dtypes, repeats: int, peak_gflops: float, hq: int = H
                 batch, plan = decode_cell(B, P, dtype, hq, hkv, layout)
                 # fewer repeats where one torch_native step takes seconds
                 reps = max(3, repeats // (1 + B * P * hkv // (65536 * HKV)))
-                native, feather = medians_ms(lambda: torch_native_decode(*batch.args),
-                                              lambda: prefix_shared_decode(*batch.args, plan=plan),
-                                              repeats=reps)
-                find, = medians_ms(lambda: plan_decode(
-                    batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
-                    find_prefix_groups(batch.req_to_token, batch.req_pool_indices,
-                                       batch.seq_lens)), repeats=reps)
+                native, feather = medians_ms(
+                    lambda: torch_native_decode(*batch.args),
+                    lambda: prefix_shared_decode(*batch.args, plan=plan),
+                    repeats=reps,
+                )
+                (find,) = medians_ms(
+                    lambda: plan_decode(
+                        batch.req_to_token,
+                        batch.req_pool_indices,
+                        batch.seq_lens,
+                        find_prefix_groups(
+                            batch.req_to_token, batch.req_pool_indices, batch.seq_lens
+                        ),
+                    ),
+                    repeats=reps,
+                )
                 floor = prefix_flops_ms(B, P, hq, peak_gflops)
                 gemm = prefix_gemm_ms(B, P, hq, hkv, max(reps, 5))
-                err = (prefix_shared_decode(*batch.args, plan=plan).float()
-                       - torch_native_decode(*batch.args).float()).abs().max().item()
-                row = {"dtype": str(dtype).removeprefix("torch."), "shape": shape, "Hq": hq,
-                       "Hkv": hkv, "layout": layout, "B": B, "P": P, "suffix": SUFFIX,
-                       "torch_native_ms": round(native, 3), "feather_ms": round(feather, 3),
-                       "speedup": round(native / feather, 2), "plan_ms": round(find, 3),
-                       "prefix_flops_ms": round(floor, 3),
-                       "speedup_bound": round(native / floor, 2) if floor else None,
-                       "prefix_gemm_ms": round(gemm, 3),
-                       "speedup_bound_gemm": round(native / gemm, 2) if gemm else None,
-                       "max_abs_diff": err, "repeats": reps}
+                err = (
+                    (
+                        prefix_shared_decode(*batch.args, plan=plan).float()
+                        - torch_native_decode(*batch.args).float()
+                    )
+                    .abs()
+                    .max()
+                    .item()
+                )
+                row = {
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "shape": shape,
+                    "Hq": hq,
+                    "Hkv": hkv,
+                    "layout": layout,
+                    "B": B,
+                    "P": P,
+                    "suffix": SUFFIX,
+                    "torch_native_ms": round(native, 3),
+                    "feather_ms": round(feather, 3),
+                    "speedup": round(native / feather, 2),
+                    "plan_ms": round(find, 3),
+                    "prefix_flops_ms": round(floor, 3),
+                    "speedup_bound": round(native / floor, 2) if floor else None,
+                    "prefix_gemm_ms": round(gemm, 3),
+                    "speedup_bound_gemm": round(native / gemm, 2) if gemm else None,
+                    "max_abs_diff": err,
+                    "repeats": reps,
+                }
                 rows.append(row)
-                print(f"{row['dtype']:>9} {hq:>2}/{hkv:<2} {layout:>9} {B:>4} {P:>6} {native:>14.2f} "
-                      f"{feather:>11.2f} {native / feather:>8.1f}x {find:>10.3f} "
-                      f"{floor:>10.3f} {_ratio(native, floor):>9} {gemm:>9.3f} "
-                      f"{_ratio(native, gemm):>9}", flush=True)
+                print(
+                    f"{row['dtype']:>9} {hq:>2}/{hkv:<2} {layout:>9} {B:>4} {P:>6} {native:>14.2f} "
+                    f"{feather:>11.2f} {native / feather:>8.1f}x {find:>10.3f} "
+                    f"{floor:>10.3f} {_ratio(native, floor):>9} {gemm:>9.3f} "
+                    f"{_ratio(native, gemm):>9}",
+                    flush=True,
+                )
     return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="B in {4, 16} x P in {512, 2048}, float32, fewer repeats")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="B in {4, 16} x P in {512, 2048}, float32, fewer repeats",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per cell")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads for both sides (default 1: stable medians "
-                             "on a shared 2-core machine)")
-    parser.add_argument("--batches", type=_ints, help="comma-separated B values (overrides the grid)")
-    parser.add_argument("--prefixes", type=_ints, help="comma-separated P values (overrides the grid)")
-    parser.add_argument("--no-reference-shape", action="store_true",
-                        help="skip the rows at the reference shape (8 query "
-                             "and 8 KV heads) the targets are stated for (full grid only)")
-    parser.add_argument("--layout", choices=LAYOUTS, default="scattered",
-                        help="slot ids of the grid's batches: scattered at random over the pool "
-                             "(default, the hardest case for reads) or as SGLang's allocator lays "
-                             "them out on a fresh server (each prefix one block of consecutive "
-                             "slots, one slot per request per decode step); the full grid adds "
-                             "the two target cells in the other layout")
-    parser.add_argument("--extend", action="store_true",
-                        help="also time the extend case (31 requests x 383 new tokens "
-                             "over a cached 815-token prefix), rows under \"extend_rows\"")
-    parser.add_argument("--split", action="store_true",
-                        help="also time the group finder's split at a deeper branch (a system prompt "
-                             "shared by all, one document per subset) against one group over the "
-                             "system prompt, rows under \"split_rows\"")
-    parser.add_argument("--server", metavar="MODEL_DIR", nargs="?",
-                        const=os.path.join(REPO, "models", "SmolLM2-135M-Instruct"),
-                        help="also compare the backends end to end on a real server (default model: "
-                             "SmolLM2): 32 requests sharing a ~740-token prompt, 32 tokens each")
-    parser.add_argument("--dtype", default="bfloat16",
-                        help="second dtype besides float32 (full grid only)")
-    parser.add_argument("--server-groups", type=int, default=1,
-                        help="system prompts the --server requests are spread over (must divide "
-                             "32; default 1); with more, fcfs batches mix groups")
-    parser.add_argument("--server-prefix-repeat", type=int, default=40,
-                        help="times the system prompt's topic text is repeated (default 40: "
-                             "prompts of ~740 tokens sharing 728; 44: ~812 sharing 800)")
-    parser.add_argument("--server-rounds", type=int, default=2,
-                        help="fresh servers per backend, interleaved (default 2)")
-    parser.add_argument("--server-repeats", type=int, default=2,
-                        help="runs of the batch per server, its cache flushed before each (default 2); "
-                             "medians are over rounds x repeats runs per backend")
-    parser.add_argument("--server-dtypes", default="float32,bfloat16",
-                        help="serving dtypes of the --server comparison, comma-separated (default: "
-                             "float32, the stricter case, and bfloat16, what the CPU runtime serves "
-                             "in by default on CPUs with bf16 instructions)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for both sides (default 1: stable medians "
+        "on a shared 2-core machine)",
+    )
+    parser.add_argument(
+        "--batches", type=ints, help="comma-separated B values (overrides the grid)"
+    )
+    parser.add_argument(
+        "--prefixes", type=ints, help="comma-separated P values (overrides the grid)"
+    )
+    parser.add_argument(
+        "--no-reference-shape",
+        action="store_true",
+        help="skip the rows at the reference shape (8 query "
+        "and 8 KV heads) the targets are stated for (full grid only)",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="scattered",
+        help="slot ids of the grid's batches: scattered at random over the pool "
+        "(default, the hardest case for reads) or as SGLang's allocator lays "
+        "them out on a fresh server (each prefix one block of consecutive "
+        "slots, one slot per request per decode step); the full grid adds "
+        "the two target cells in the other layout",
+    )
+    parser.add_argument(
+        "--extend",
+        action="store_true",
+        help="also time the extend case (31 requests x 383 new tokens "
+        'over a cached 815-token prefix), rows under "extend_rows"',
+    )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also time the group finder's split at a deeper branch (a system prompt "
+        "shared by all, one document per subset) against one group over the "
+        'system prompt, rows under "split_rows"',
+    )
+    parser.add_argument(
+        "--server",
+        metavar="MODEL_DIR",
+        nargs="?",
+        const=str(model_dir()),
+        help="also compare the backends end to end on a real server (default model: "
+        "SmolLM2): 32 requests sharing a ~740-token prompt, 32 tokens each",
+    )
+    parser.add_argument(
+        "--dtype", default="bfloat16", help="second dtype besides float32 (full grid only)"
+    )
+    parser.add_argument(
+        "--server-groups",
+        type=int,
+        default=1,
+        help="system prompts the --server requests are spread over (must divide "
+        "32; default 1); with more, fcfs batches mix groups",
+    )
+    parser.add_argument(
+        "--server-prefix-repeat",
+        type=int,
+        default=40,
+        help="times the system prompt's topic text is repeated (default 40: "
+        "prompts of ~740 tokens sharing 728; 44: ~812 sharing 800)",
+    )
+    parser.add_argument(
+        "--server-rounds",
+        type=int,
+        default=2,
+        help="fresh servers per backend, interleaved (default 2)",
+    )
+    parser.add_argument(
+        "--server-repeats",
+        type=int,
+        default=2,
+        help="runs of the batch per server, its cache flushed before each (default 2); "
+        "medians are over rounds x repeats runs per backend",
+    )
+    parser.add_argument(
+        "--server-dtypes",
+        default="float32,bfloat16",
+        help="serving dtypes of the --server comparison, comma-separated (default: "
+        "float32, the stricter case, and bfloat16, what the CPU runtime serves "
+        "in by default on CPUs with bf16 instructions)",
+    )
     args = parser.parse_args(argv)
 
     # The server options are checked before the kernel grid runs, not after.
     server_dtypes = [d.strip() for d in args.server_dtypes.split(",") if d.strip()]
     unknown = [d for d in server_dtypes if d not in ("float32", "bfloat16", "float16")]
     if unknown or not server_dtypes:
-        parser.error(f"--server-dtypes: {unknown or 'none given'}; allowed: float32, bfloat16, float16")
+        parser.error(
+            f"--server-dtypes: {unknown or 'none given'}; allowed: float32, bfloat16, float16"
+        )
     if args.server_prefix_repeat < 1:
         parser.error(f"--server-prefix-repeat: {args.server_prefix_repeat}; must be >= 1")
-    for flag, value in (("--server-rounds", args.server_rounds), ("--server-repeats", args.server_repeats)):
+    for flag, value in (
+        ("--server-rounds", args.server_rounds),
+        ("--server-repeats", args.server_repeats),
+    ):
         if value < 1:
             parser.error(f"{flag}: {value}; must be >= 1")
     if args.server_groups < 1 or 32 % args.server_groups:
-        parser.error(f"--server-groups: {args.server_groups}; allowed: 1, 2, 4, 8, 16 or 32 "
-                     "(it must divide the 32 requests)")
+        parser.error(
+            f"--server-groups: {args.server_groups}; allowed: 1, 2, 4, 8, 16 or 32 "
+            "(it must divide the 32 requests)"
+        )
 
     torch.set_num_threads(args.threads)
     malloc_pinned = pin_malloc()
@@ -422,14 +607,18 @@ def main(argv=None) -> int:
         dtypes, repeats = (torch.float32, getattr(torch, args.dtype)), 9
     repeats = args.repeats or repeats
     batches, prefixes = args.batches or batches, args.prefixes or prefixes
-    print(f"decode attention step, Hq={HQ} Hkv={HKV} D={HEAD_DIM}, suffix {SUFFIX}, "
-          f"{torch.get_num_threads()} threads; medians in ms"
-          + ("" if malloc_pinned else "; malloc thresholds not pinned (not glibc)"))
-    print(f"{'dtype':>9} {'Hq/Hkv':>5} {'layout':>9} {'B':>4} {'P':>6} {'torch_native':>14} {'feather':>11} "
-          f"{'speedup':>9} {'plan':>10} {'pre_flops':>10} {'bound':>9} {'pre_gemm':>9} {'bound':>9}")
+    print(
+        f"decode attention step, Hq={HQ} Hkv={HKV} D={HEAD_DIM}, suffix {SUFFIX}, "
+        f"{torch.get_num_threads()} threads; medians in ms"
+        + ("" if malloc_pinned else "; malloc thresholds not pinned (not glibc)")
+    )
+    print(
+        f"{'dtype':>9} {'Hq/Hkv':>5} {'layout':>9} {'B':>4} {'P':>6} {'torch_native':>14} {'feather':>11} "
+        f"{'speedup':>9} {'plan':>10} {'pre_flops':>10} {'bound':>9} {'pre_gemm':>9} {'bound':>9}"
+    )
     peak = gemm_peak_gflops()
     rows = run(batches, prefixes, dtypes, repeats, peak, layout=args.layout)
-    other, = (name for name in LAYOUTS if name != args.layout)
+    (other,) = (name for name in LAYOUTS if name != args.layout)
     if not args.quick:
         # The targets' own cells (those in the grid) in the other slot layout and at the shape
         # of the measurement the targets come from.
@@ -437,30 +626,53 @@ def main(argv=None) -> int:
             if B in batches and P in prefixes:
                 rows += run((B,), (P,), (torch.float32,), repeats, peak, layout=other)
                 if not args.no_reference_shape:
-                    rows += run((B,), (P,), (torch.float32,), repeats, peak, *REFERENCE_SHAPE,
-                                shape="reference", layout=args.layout)
+                    rows += run(
+                        (B,),
+                        (P,),
+                        (torch.float32,),
+                        repeats,
+                        peak,
+                        *REFERENCE_SHAPE,
+                        shape="reference",
+                        layout=args.layout,
+                    )
 
     def speedup(B, P, dtype="float32", shape="smollm2", key="speedup", layout=args.layout):
-        hits = [r[key] for r in rows if r["B"] == B and r["P"] == P and r["dtype"] == dtype
-                and r["shape"] == shape and r["layout"] == layout]
+        hits = [
+            r[key]
+            for r in rows
+            if r["B"] == B
+            and r["P"] == P
+            and r["dtype"] == dtype
+            and r["shape"] == shape
+            and r["layout"] == layout
+        ]
         return hits[0] if hits else None
 
     # NOTE: the headline keys are float32 (the stricter case: both sides do the same fp32
     # FLOPs, so the gain is bounded by GEMM vs per-request GEMV + gather); the second dtype
     # gets its own keys.
-    summary = {"speedup_b16_p2048": speedup(16, 2048), "speedup_b64_p8192": speedup(64, 8192),
-               "layout": args.layout, "threads": args.threads,
-               "targets": {"speedup_b16_p2048": 8.0, "speedup_b64_p8192": 12.0},
-               "fp32_gemm_peak_gflops": round(peak, 1),
-               # native / the prefix's FLOPs at that peak (prefix_flops_ms)
-               "speedup_bound_b16_p2048": speedup(16, 2048, key="speedup_bound"),
-               "speedup_bound_b64_p8192": speedup(64, 8192, key="speedup_bound"),
-               # native / the prefix's two GEMMs at the rate torch reaches for them (prefix_gemm_ms)
-               "speedup_bound_gemm_b16_p2048": speedup(16, 2048, key="speedup_bound_gemm"),
-               "speedup_bound_gemm_b64_p8192": speedup(64, 8192, key="speedup_bound_gemm")}
+    summary = {
+        "speedup_b16_p2048": speedup(16, 2048),
+        "speedup_b64_p8192": speedup(64, 8192),
+        "layout": args.layout,
+        "threads": args.threads,
+        "targets": {"speedup_b16_p2048": 8.0, "speedup_b64_p8192": 12.0},
+        "fp32_gemm_peak_gflops": round(peak, 1),
+        # native / the prefix's FLOPs at that peak (prefix_flops_ms)
+        "speedup_bound_b16_p2048": speedup(16, 2048, key="speedup_bound"),
+        "speedup_bound_b64_p8192": speedup(64, 8192, key="speedup_bound"),
+        # native / the prefix's two GEMMs at the rate torch reaches for them (prefix_gemm_ms)
+        "speedup_bound_gemm_b16_p2048": speedup(16, 2048, key="speedup_bound_gemm"),
+        "speedup_bound_gemm_b64_p8192": speedup(64, 8192, key="speedup_bound_gemm"),
+    }
     if speedup(16, 2048, shape="reference") is not None:
-        summary["reference_shape"] = {"Hq": REFERENCE_SHAPE[0], "Hkv": REFERENCE_SHAPE[1],
-                                      "head_dim": HEAD_DIM, "dtype": "float32"}
+        summary["reference_shape"] = {
+            "Hq": REFERENCE_SHAPE[0],
+            "Hkv": REFERENCE_SHAPE[1],
+            "head_dim": HEAD_DIM,
+            "dtype": "float32",
+        }
         summary["speedup_b16_p2048_reference_shape"] = speedup(16, 2048, shape="reference")
         summary["speedup_b64_p8192_reference_shape"] = speedup(64, 8192, shape="reference")
     if speedup(16, 2048, layout=other) is not None:
@@ -476,7 +688,7 @@ def main(argv=None) -> int:
     split_rows = run_split(21) if args.split else []
     server = None
     if args.server:
-        from feather_sglang.bench.attention_e2e import run_server_comparison
+        from feather_bench.attention_e2e import run_server_comparison
 
         torch.set_num_threads(os.cpu_count() or 1)  # the servers are separate processes anyway
         server = {}
@@ -484,26 +696,43 @@ def main(argv=None) -> int:
             # the servers' GEMM rate (their thread count, their dtype), for the attention floor
             server_peak = gemm_peak_gflops(dtype=getattr(torch, dtype))
             print(f"server comparison on {args.server}, {dtype} ...", flush=True)
-            server[dtype] = run_server_comparison(args.server, os.path.join(REPO, "results"), dtype=dtype,
-                                                  groups=args.server_groups,
-                                                  prefix_repeat=args.server_prefix_repeat,
-                                                  rounds=args.server_rounds, repeats=args.server_repeats,
-                                                  gemm_peak_gflops=server_peak)
+            server[dtype] = run_server_comparison(
+                args.server,
+                str(RESULTS_DIR),
+                dtype=dtype,
+                groups=args.server_groups,
+                prefix_repeat=args.server_prefix_repeat,
+                rounds=args.server_rounds,
+                repeats=args.server_repeats,
+                gemm_peak_gflops=server_peak,
+            )
             _print_server(server[dtype])
             # float32 keeps the unsuffixed keys (the headline, as before); others get a suffix.
             suffix = "" if dtype == "float32" else f"_{dtype}"
             summary[f"server_speedup_total_time{suffix}"] = server[dtype]["speedup_total_time"]
             summary[f"server_greedy_outputs_equal{suffix}"] = not server[dtype]["greedy_problems"]
-            summary[f"server_speedup_bound_if_attention_were_free{suffix}"] = \
-                server[dtype]["speedup_bound_if_attention_were_free"]
-            summary[f"server_speedup_bound_if_attention_at_gemm_peak{suffix}"] = \
-                server[dtype]["attention_at_gemm_peak"]["speedup_bound"]
+            summary[f"server_speedup_bound_if_attention_were_free{suffix}"] = server[dtype][
+                "speedup_bound_if_attention_were_free"
+            ]
+            summary[f"server_speedup_bound_if_attention_at_gemm_peak{suffix}"] = server[dtype][
+                "attention_at_gemm_peak"
+            ]["speedup_bound"]
     print(json.dumps(summary))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"machine": {**_machine(), "malloc_pinned": malloc_pinned}, "rows": rows, "extend_rows": extend_rows,
-                       "split_rows": split_rows, "server": server, "summary": summary}, f, indent=2)
+            json.dump(
+                {
+                    "machine": {**_machine(), "malloc_pinned": malloc_pinned},
+                    "rows": rows,
+                    "extend_rows": extend_rows,
+                    "split_rows": split_rows,
+                    "server": server,
+                    "summary": summary,
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -10,8 +10,8 @@ import numpy as np
 from feather_sglang.sglang_integration.trace import time_split
 
 if TYPE_CHECKING:
-    from feather_sglang.ab.runner import RunResult
-    from feather_sglang.workloads import Workload
+    from feather_bench.ab.runner import RunResult
+    from feather_bench.workloads import Workload
 
 # The metrics of one run, in table order: (key, column header, format)
 COLUMNS = [
@@ -69,10 +69,17 @@ def compute(result: "RunResult", workload: "Workload") -> dict:
         # what the radix cache served, as SGLang reports per request (cached_tokens)
         "cache_hit_rate": cached / prompt_tokens if prompt_tokens else float("nan"),
         "decode_steps": len(decode),
-        "mean_decode_batch": statistics.mean(len(e["rids"]) for e in decode) if decode else float("nan"),
-        "mean_decode_prefix_tokens": statistics.mean(e["prefix_tokens"] for e in decode) if decode else float("nan"),
-        "mean_groups_per_decode": (statistics.mean(len({group_of.get(r, r) for r in e["rids"]}) for e in decode)
-                                   if decode else float("nan")),
+        "mean_decode_batch": statistics.mean(len(e["rids"]) for e in decode)
+        if decode
+        else float("nan"),
+        "mean_decode_prefix_tokens": statistics.mean(e["prefix_tokens"] for e in decode)
+        if decode
+        else float("nan"),
+        "mean_groups_per_decode": (
+            statistics.mean(len({group_of.get(r, r) for r in e["rids"]}) for e in decode)
+            if decode
+            else float("nan")
+        ),
         "sched_fraction": sched / (sched + step) if sched + step > 0 else float("nan"),
         # where the steps' time went: prefill (extend) and decode steps, and the attention
         # backend's share of both (the rest is the model's matmuls and the runtime around them)
@@ -86,5 +93,9 @@ def compute(result: "RunResult", workload: "Workload") -> dict:
 def median_of(runs: list[dict]) -> dict:
     """Per-key medians over repeated runs of one configuration (numbers only)."""
     keys = runs[0].keys()
-    return {k: statistics.median(r[k] for r in runs) if isinstance(runs[0][k], (int, float)) else runs[0][k]
-            for k in keys}
+    return {
+        k: statistics.median(r[k] for r in runs)
+        if isinstance(runs[0][k], (int, float))
+        else runs[0][k]
+        for k in keys
+    }

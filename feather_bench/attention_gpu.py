@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Decode attention on an NVIDIA GPU: feather's fused Triton kernel vs SGLang's Triton decode
 kernel vs FlashInfer's cascade attention (run by ``scripts/gpu_check.sh``).
 
-    python scripts/bench_attention_gpu.py --json results/bench_attention_gpu.json
-    python scripts/bench_attention_gpu.py --smoke          # CPU, TRITON_INTERPRET=1, correctness
+    python -m feather_bench.attention_gpu --json results/bench_attention_gpu.json
+    python -m feather_bench.attention_gpu --smoke          # CPU, TRITON_INTERPRET=1, correctness
 
 One layer, one decode step, on the same SGLang-layout KV pool and batch
 (``feather_kernels.synthetic.make_decode_batch``): B requests sharing a P-token prefix (equal
@@ -45,7 +44,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import platform
 import re
 import statistics
 import sys
@@ -54,9 +52,7 @@ import traceback
 import types
 import warnings
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from feather_bench.argtypes import ints
 
 SHAPES = {"smollm2": (9, 3, 64), "gqa32": (32, 8, 128)}  # (Hq, Hkv, D)
 SUFFIX = 64
@@ -72,6 +68,7 @@ def _say(msg: str) -> None:
 
 
 # --- what is installed -----------------------------------------------------------------------
+
 
 def probe_torch():
     try:
@@ -104,14 +101,20 @@ def _find_sglang_src(explicit: str | None) -> str | None:
     cands = [explicit] if explicit else []
     if os.environ.get("FEATHER_SGLANG_SRC"):
         cands.append(os.environ["FEATHER_SGLANG_SRC"])
-    cands += sorted(glob.glob(os.path.join(
-        REPO, ".venv", "lib", "python3*", "site-packages", "sglang", "kernels", "ops",
-        "attention")))
+    cands += sorted(
+        glob.glob(
+            os.path.join(
+                ".venv", "lib", "python3*", "site-packages", "sglang", "kernels", "ops", "attention"
+            )
+        )
+    )
     try:  # an installed sglang whose import fails (finding it imports nothing)
         spec = importlib.util.find_spec("sglang")
         if spec is not None and spec.submodule_search_locations:
-            cands += [os.path.join(p, "kernels", "ops", "attention")
-                      for p in spec.submodule_search_locations]
+            cands += [
+                os.path.join(p, "kernels", "ops", "attention")
+                for p in spec.submodule_search_locations
+            ]
     except Exception:  # noqa: BLE001
         pass
     for d in cands:
@@ -175,8 +178,11 @@ def load_sglang_from_source(src: str) -> types.SimpleNamespace:
     utils.is_hip = lambda: torch.version.hip is not None
     utils.is_gfx95_supported = lambda: False
     utils.is_gfx1250_supported = lambda: False
-    stubs = {"sglang.kernels.ops.attention.score_mod": score_mod,
-             "sglang.srt.environ": environ, "sglang.srt.utils": utils}
+    stubs = {
+        "sglang.kernels.ops.attention.score_mod": score_mod,
+        "sglang.srt.environ": environ,
+        "sglang.srt.utils": utils,
+    }
     saved = {k: sys.modules.get(k) for k in stubs}
     sys.modules.update(stubs)
     try:
@@ -189,12 +195,12 @@ def load_sglang_from_source(src: str) -> types.SimpleNamespace:
                 sys.modules[k] = v
     with open(os.path.join(src, "decode_attention.py"), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:12]
-    where = os.path.relpath(src, REPO) if src.startswith(REPO) else src
+    where = os.path.relpath(src) if src.startswith(os.getcwd()) else src
     return types.SimpleNamespace(
         decode_attention_fwd=decode.decode_attention_fwd,
         get_num_kv_splits_triton=metadata.get_num_kv_splits_triton,
         how=f"source files {where} (sglang {_sglang_version_near(src)}, "
-            f"decode_attention.py sha256 {digest})",
+        f"decode_attention.py sha256 {digest})",
     )
 
 
@@ -206,9 +212,11 @@ def load_sglang_package() -> types.SimpleNamespace:
         from sglang.version import __version__ as v
     except Exception:  # noqa: BLE001
         v = "?"
-    return types.SimpleNamespace(decode_attention_fwd=decode_attention_fwd,
-                                 get_num_kv_splits_triton=get_num_kv_splits_triton,
-                                 how=f"sglang package {v}")
+    return types.SimpleNamespace(
+        decode_attention_fwd=decode_attention_fwd,
+        get_num_kv_splits_triton=get_num_kv_splits_triton,
+        how=f"sglang package {v}",
+    )
 
 
 def probe_sglang(mode: str, src_dir: str | None):
@@ -223,9 +231,12 @@ def probe_sglang(mode: str, src_dir: str | None):
     if mode in ("auto", "source"):
         src = _find_sglang_src(src_dir)
         if src is None:
-            errors.append("no source files (--sglang-src DIR or FEATHER_SGLANG_SRC holding "
-                          + ", ".join(SGLANG_FILES) + "; default .venv/lib/python3*/"
-                          "site-packages/sglang/kernels/ops/attention)")
+            errors.append(
+                "no source files (--sglang-src DIR or FEATHER_SGLANG_SRC holding "
+                + ", ".join(SGLANG_FILES)
+                + "; default .venv/lib/python3*/"
+                "site-packages/sglang/kernels/ops/attention)"
+            )
         else:
             try:
                 ns = load_sglang_from_source(src)
@@ -236,6 +247,7 @@ def probe_sglang(mode: str, src_dir: str | None):
 
 
 # --- the kernels, called as their backends call them -----------------------------------------
+
 
 class SglangDecode:
     """One batch's metadata for SGLang's decode kernel, as ``TritonAttnBackend.
@@ -264,7 +276,14 @@ class SglangDecode:
             import triton
 
             ns.get_num_kv_splits_triton[(1,)](
-                self.num_kv_splits, seq_lens, B, 1, Hq, Hkv, MAX_KV_SPLITS, core_count,
+                self.num_kv_splits,
+                seq_lens,
+                B,
+                1,
+                Hq,
+                Hkv,
+                MAX_KV_SPLITS,
+                core_count,
                 MAX_NUM_SEQ=256 if B < 256 else triton.next_power_of_2(B),
                 uneven_batch_ptr=self.uneven_batch,
             )
@@ -274,12 +293,29 @@ class SglangDecode:
     def __call__(self):
         b = self.batch
         self.ns.decode_attention_fwd(
-            b.q, b.k_buffer, b.v_buffer, self.out, self.kv_indptr, self.kv_indices,
-            self.attn_logits, self.attn_lse, self.num_kv_splits, MAX_KV_SPLITS,
-            b.scale, 1.0, 1.0,  # sm_scale, k_scale, v_scale (k/v descale 1.0 for bf16/fp16)
-            logit_cap=0.0, sinks=None, xai_temperature_len=-1, has_mla=False,
-            use_pdl=self.use_pdl, page_size=1, score_mod=None, aux_tensors=None,
-            enable_lean=None, uneven_batch=self.uneven_batch,
+            b.q,
+            b.k_buffer,
+            b.v_buffer,
+            self.out,
+            self.kv_indptr,
+            self.kv_indices,
+            self.attn_logits,
+            self.attn_lse,
+            self.num_kv_splits,
+            MAX_KV_SPLITS,
+            b.scale,
+            1.0,
+            1.0,  # sm_scale, k_scale, v_scale (k/v descale 1.0 for bf16/fp16)
+            logit_cap=0.0,
+            sinks=None,
+            xai_temperature_len=-1,
+            has_mla=False,
+            use_pdl=self.use_pdl,
+            page_size=1,
+            score_mod=None,
+            aux_tensors=None,
+            enable_lean=None,
+            uneven_batch=self.uneven_batch,
         )
         return self.out
 
@@ -311,12 +347,19 @@ class FlashInferCascade:
             [torch.tensor([0, prefix_len], **i32), suffix_indptr],
             [prefix, suffix_indices],
             [torch.ones(1, **i32), torch.ones(B, **i32)],
-            Hq, Hkv, D, 1,
-            causal=False, sm_scale=batch.scale, q_data_type=batch.q.dtype,
+            Hq,
+            Hkv,
+            D,
+            1,
+            causal=False,
+            sm_scale=batch.scale,
+            q_data_type=batch.q.dtype,
             kv_data_type=batch.k_buffer.dtype,
         )
-        self.kv = (batch.k_buffer.view(S, 1, Hkv, D),
-                   batch.v_buffer.view(S, 1, Hkv, batch.v_buffer.shape[2]))
+        self.kv = (
+            batch.k_buffer.view(S, 1, Hkv, D),
+            batch.v_buffer.view(S, 1, Hkv, batch.v_buffer.shape[2]),
+        )
         self.q = batch.q
 
     def __call__(self):
@@ -325,14 +368,14 @@ class FlashInferCascade:
 
 # --- measuring -------------------------------------------------------------------------------
 
+
 def _time_ms(fn, use_do_bench: bool) -> dict:
     import torch
 
     if use_do_bench:
         import triton.testing
 
-        med, p20, p80 = triton.testing.do_bench(fn, warmup=25, rep=100,
-                                                quantiles=[0.5, 0.2, 0.8])
+        med, p20, p80 = triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.5, 0.2, 0.8])
         return {"ms": med, "p20_ms": p20, "p80_ms": p80}
     # CUDA events (no triton: only flashinfer can run then)
     for _ in range(5):
@@ -397,8 +440,18 @@ def _host_ms(fn, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def run_cell(kernels: dict, shape: str, dtype_name: str, B: int, P: int, suffix: int,
-             device: str, timing: bool, core_count: int, state: dict) -> dict:
+def run_cell(
+    kernels: dict,
+    shape: str,
+    dtype_name: str,
+    B: int,
+    P: int,
+    suffix: int,
+    device: str,
+    timing: bool,
+    core_count: int,
+    state: dict,
+) -> dict:
     """One (shape, dtype, B, P) cell: every kernel checked against the reference, then timed.
     ``state``: ``use_pdl`` (SGLang's PDL launch; turned off for good if it fails) and
     ``skip`` (kernel name -> reason, for dtypes a kernel cannot be checked in here)."""
@@ -410,13 +463,32 @@ def run_cell(kernels: dict, shape: str, dtype_name: str, B: int, P: int, suffix:
     Hq, Hkv, D = SHAPES[shape]
     dtype = getattr(torch, dtype_name)
     cpu = make_decode_batch([B], [P], [suffix] * B, Hq, Hkv, D, dtype=dtype, seed=B * 7 + P)
-    batch = type(cpu)(*[t.to(device) if isinstance(t, torch.Tensor) else t
-                        for t in (cpu.q, cpu.k_buffer, cpu.v_buffer, cpu.req_to_token,
-                                  cpu.req_pool_indices, cpu.seq_lens)],
-                      cpu.scale, cpu.groups)
+    batch = type(cpu)(
+        *[
+            t.to(device) if isinstance(t, torch.Tensor) else t
+            for t in (
+                cpu.q,
+                cpu.k_buffer,
+                cpu.v_buffer,
+                cpu.req_to_token,
+                cpu.req_pool_indices,
+                cpu.seq_lens,
+            )
+        ],
+        cpu.scale,
+        cpu.groups,
+    )
     ref = decode_attention_reference(*batch.args)
-    row = {"shape": shape, "Hq": Hq, "Hkv": Hkv, "D": D, "dtype": dtype_name, "B": B, "P": P,
-           "suffix": suffix}
+    row = {
+        "shape": shape,
+        "Hq": Hq,
+        "Hkv": Hkv,
+        "D": D,
+        "dtype": dtype_name,
+        "B": B,
+        "P": P,
+        "suffix": suffix,
+    }
     runners = {}
     if "feather" in kernels:
         from feather_kernels.prefix_shared_triton import (
@@ -427,16 +499,19 @@ def run_cell(kernels: dict, shape: str, dtype_name: str, B: int, P: int, suffix:
         groups = [PrefixGroup(torch.tensor(m, device=device), p) for m, p in batch.groups]
 
         def plan_fn():
-            return plan_decode_triton(batch.req_to_token, batch.req_pool_indices,
-                                      batch.seq_lens, Hq // Hkv, groups=groups)
+            return plan_decode_triton(
+                batch.req_to_token, batch.req_pool_indices, batch.seq_lens, Hq // Hkv, groups=groups
+            )
 
         plan = plan_fn()
         if timing:
-            row["feather_plan_ms"] = round(_host_ms(
-                lambda: (plan_fn(), torch.cuda.synchronize())), 4)
+            row["feather_plan_ms"] = round(
+                _host_ms(lambda: (plan_fn(), torch.cuda.synchronize())), 4
+            )
         out_buf = torch.empty_like(batch.q)
-        runners["feather"] = lambda: prefix_shared_decode_triton(*batch.args, out=out_buf,
-                                                                 plan=plan)
+        runners["feather"] = lambda: prefix_shared_decode_triton(
+            *batch.args, out=out_buf, plan=plan
+        )
     for name, ns in kernels.items():
         try:
             if name.startswith("sglang"):
@@ -460,8 +535,10 @@ def run_cell(kernels: dict, shape: str, dtype_name: str, B: int, P: int, suffix:
                     raise
                 # NOTE: PDL needs sm90+ and a triton that takes launch_pdl; SGLang itself
                 # enables it from the arch alone, so fall back rather than fail the cell
-                _say(f"  {name}: failed with PDL ({type(e).__name__}: {str(e)[:300]}); "
-                     "retrying without PDL, and without it from here on")
+                _say(
+                    f"  {name}: failed with PDL ({type(e).__name__}: {str(e)[:300]}); "
+                    "retrying without PDL, and without it from here on"
+                )
                 state["use_pdl"] = False
                 state["pdl_error"] = f"{type(e).__name__}: {e}"[:400]
                 fn.use_pdl = False
@@ -476,8 +553,10 @@ def run_cell(kernels: dict, shape: str, dtype_name: str, B: int, P: int, suffix:
             row[f"{name}_use_pdl"] = fn.use_pdl
         row[f"{name}_ok"], row[f"{name}_max_abs_diff"] = ok, err
         if not ok:
-            _say(f"  {name}: MISMATCH vs reference (max abs diff {err:.3g}, tol "
-                 f"{TOL[dtype_name]}) - not timed")
+            _say(
+                f"  {name}: MISMATCH vs reference (max abs diff {err:.3g}, tol "
+                f"{TOL[dtype_name]}) - not timed"
+            )
             continue
         if timing:
             try:
@@ -487,8 +566,10 @@ def run_cell(kernels: dict, shape: str, dtype_name: str, B: int, P: int, suffix:
                 _say(f"  {name}: timing failed: {row[f'{name}_time_error']}")
                 continue
             row[f"{name}_ms"] = round(t["ms"], 5)
-            row[f"{name}_p20_ms"], row[f"{name}_p80_ms"] = round(t["p20_ms"], 5), round(
-                t["p80_ms"], 5)
+            row[f"{name}_p20_ms"], row[f"{name}_p80_ms"] = (
+                round(t["p20_ms"], 5),
+                round(t["p80_ms"], 5),
+            )
     if "feather_ms" in row:
         for other in ("sglang", "flashinfer"):
             if f"{other}_ms" in row:
@@ -509,11 +590,20 @@ def _fmt(row: dict, key: str) -> str:
 
 
 def _print_row(row: dict, timing: bool, pkg_column: bool) -> None:
-    sp = "".join(f"{row[k]:>9.2f}x" if k in row else f"{'-':>10}"
-                 for k in ("speedup_vs_sglang", "speedup_vs_flashinfer")) if timing else ""
-    _say(f"{row['shape']:>8} {row['dtype']:>9} {row['B']:>4} {row['P']:>6} "
-         f"{_fmt(row, 'feather')}{_fmt(row, 'sglang')}{_fmt(row, 'flashinfer')}"
-         + (_fmt(row, "sglang_pkg") if pkg_column else "") + sp)
+    sp = (
+        "".join(
+            f"{row[k]:>9.2f}x" if k in row else f"{'-':>10}"
+            for k in ("speedup_vs_sglang", "speedup_vs_flashinfer")
+        )
+        if timing
+        else ""
+    )
+    _say(
+        f"{row['shape']:>8} {row['dtype']:>9} {row['B']:>4} {row['P']:>6} "
+        f"{_fmt(row, 'feather')}{_fmt(row, 'sglang')}{_fmt(row, 'flashinfer')}"
+        + (_fmt(row, "sglang_pkg") if pkg_column else "")
+        + sp
+    )
 
 
 def summarize(rows: list[dict], timing: bool, skipped: list[str]) -> dict:
@@ -521,23 +611,34 @@ def summarize(rows: list[dict], timing: bool, skipped: list[str]) -> dict:
     checked = [(r, k) for r in rows for k in kernels if f"{k}_ok" in r or f"{k}_error" in r]
     summary = {
         "all_correct": bool(checked) and all(r.get(f"{k}_ok", False) for r, k in checked),
-        "checked": {k: sum(1 for r, kk in checked if kk == k and r.get(f"{k}_ok"))
-                    for k in kernels},
-        "failed": [f"{r['shape']}/{r['dtype']}/B{r['B']}/P{r['P']}/{k}" for r, k in checked
-                   if not r.get(f"{k}_ok", False)],
-        "timing_failed": [f"{r['shape']}/{r['dtype']}/B{r['B']}/P{r['P']}/{k}" for r in rows
-                          for k in kernels if f"{k}_time_error" in r],
+        "checked": {
+            k: sum(1 for r, kk in checked if kk == k and r.get(f"{k}_ok")) for k in kernels
+        },
+        "failed": [
+            f"{r['shape']}/{r['dtype']}/B{r['B']}/P{r['P']}/{k}"
+            for r, k in checked
+            if not r.get(f"{k}_ok", False)
+        ],
+        "timing_failed": [
+            f"{r['shape']}/{r['dtype']}/B{r['B']}/P{r['P']}/{k}"
+            for r in rows
+            for k in kernels
+            if f"{k}_time_error" in r
+        ],
         "skipped_cells": skipped,
     }
     if not timing:
         return summary
 
     def speedup(other, B, P, shape, dtype):
-        hits = [r.get(f"speedup_vs_{other}") for r in rows if r["B"] == B and r["P"] == P
-                and r["shape"] == shape and r["dtype"] == dtype]
+        hits = [
+            r.get(f"speedup_vs_{other}")
+            for r in rows
+            if r["B"] == B and r["P"] == P and r["shape"] == shape and r["dtype"] == dtype
+        ]
         return hits[0] if hits else None
 
-    # headline keys, as in bench_attention.py: SmolLM2 shape, bfloat16, vs SGLang's triton
+    # headline keys, as in feather_bench.attention: SmolLM2 shape, bfloat16, vs SGLang's triton
     summary["speedup_b16_p2048"] = speedup("sglang", 16, 2048, "smollm2", "bfloat16")
     summary["speedup_b64_p8192"] = speedup("sglang", 64, 8192, "smollm2", "bfloat16")
     for shape in SHAPES:
@@ -555,39 +656,54 @@ def summarize(rows: list[dict], timing: bool, skipped: list[str]) -> dict:
     return summary
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x)
-
-
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x for x in text.split(",") if x)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes on CPU tensors under TRITON_INTERPRET=1 (set here when "
-                             "unset): correctness of every kernel's call, no timing")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes on CPU tensors under TRITON_INTERPRET=1 (set here when "
+        "unset): correctness of every kernel's call, no timing",
+    )
     parser.add_argument("--json", metavar="PATH", help="write rows and summary as JSON here")
-    parser.add_argument("--batches", type=_ints, help="comma-separated B values")
-    parser.add_argument("--prefixes", type=_ints, help="comma-separated P values")
+    parser.add_argument("--batches", type=ints, help="comma-separated B values")
+    parser.add_argument("--prefixes", type=ints, help="comma-separated P values")
     parser.add_argument("--shapes", type=_names, help=f"comma-separated, of {sorted(SHAPES)}")
     parser.add_argument("--dtypes", type=_names, help="comma-separated (default bfloat16,float16)")
     parser.add_argument("--suffix", type=int, default=None, help=f"own tokens (default {SUFFIX})")
-    parser.add_argument("--sglang", choices=("auto", "package", "source"), default="auto",
-                        help="where SGLang's decode kernel comes from (auto: the sglang package, "
-                             "else its source files)")
-    parser.add_argument("--sglang-src", metavar="DIR",
-                        help="folder with SGLang's " + ", ".join(SGLANG_FILES))
+    parser.add_argument(
+        "--sglang",
+        choices=("auto", "package", "source"),
+        default="auto",
+        help="where SGLang's decode kernel comes from (auto: the sglang package, "
+        "else its source files)",
+    )
+    parser.add_argument(
+        "--sglang-src", metavar="DIR", help="folder with SGLang's " + ", ".join(SGLANG_FILES)
+    )
     parser.add_argument("--no-flashinfer", action="store_true", help="leave FlashInfer out")
-    parser.add_argument("--no-pdl", action="store_true",
-                        help="call SGLang's kernel without programmatic dependent launch")
-    parser.add_argument("--core-count", type=int, default=None,
-                        help="SM count handed to SGLang's get_num_kv_splits_triton (default: "
-                             "the GPU's; smoke: 4); 0 = every request gets max_kv_splits, as "
-                             "the backend does without a device count")
-    parser.add_argument("--budget-s", type=float, default=170.0,
-                        help="start no new cell after this many seconds (default 170)")
+    parser.add_argument(
+        "--no-pdl",
+        action="store_true",
+        help="call SGLang's kernel without programmatic dependent launch",
+    )
+    parser.add_argument(
+        "--core-count",
+        type=int,
+        default=None,
+        help="SM count handed to SGLang's get_num_kv_splits_triton (default: "
+        "the GPU's; smoke: 4); 0 = every request gets max_kv_splits, as "
+        "the backend does without a device count",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=170.0,
+        help="start no new cell after this many seconds (default 170)",
+    )
     args = parser.parse_args(argv)
 
     if args.smoke:
@@ -600,13 +716,17 @@ def main(argv=None) -> int:
         return 2
     cuda = torch.cuda.is_available() and torch.version.hip is None
     if cuda:
-        _say(f"device: {torch.cuda.get_device_name(0)}, capability "
-             f"{'.'.join(map(str, torch.cuda.get_device_capability(0)))}, "
-             f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs, "
-             f"CUDA {torch.version.cuda}")
+        _say(
+            f"device: {torch.cuda.get_device_name(0)}, capability "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability(0)))}, "
+            f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs, "
+            f"CUDA {torch.version.cuda}"
+        )
     else:
-        _say("device: no NVIDIA GPU visible to torch"
-             + (" (smoke mode: CPU tensors)" if args.smoke else ""))
+        _say(
+            "device: no NVIDIA GPU visible to torch"
+            + (" (smoke mode: CPU tensors)" if args.smoke else "")
+        )
     triton, line = probe_triton()
     _say(line)
     interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -641,8 +761,10 @@ def main(argv=None) -> int:
         _say(line)
         if fi is not None:
             kernels["flashinfer"] = fi
-            _say("flashinfer: its first calls JIT-build kernels unless flashinfer-jit-cache is "
-                 "installed (minutes); --no-flashinfer leaves it out")
+            _say(
+                "flashinfer: its first calls JIT-build kernels unless flashinfer-jit-cache is "
+                "installed (minutes); --no-flashinfer leaves it out"
+            )
     if not kernels:
         _say("no kernel can run here")
         return 2
@@ -657,46 +779,76 @@ def main(argv=None) -> int:
         dtypes = args.dtypes or ("bfloat16", "float16")
         batches, prefixes = args.batches or (4, 16, 64), args.prefixes or (512, 2048, 8192)
         suffix, device, timing = (args.suffix if args.suffix is not None else SUFFIX), "cuda", True
-    core_count = (args.core_count if args.core_count is not None else
-                  torch.cuda.get_device_properties(0).multi_processor_count if cuda else 4)
+    core_count = (
+        args.core_count
+        if args.core_count is not None
+        else torch.cuda.get_device_properties(0).multi_processor_count
+        if cuda
+        else 4
+    )
     # TritonAttnBackend: use_pdl = is_arch_support_pdl() (sm90+) on CUDA
     use_pdl = cuda and not args.no_pdl and torch.cuda.get_device_capability(0)[0] >= 9
     state = {"use_pdl": use_pdl, "skip": {}}
     if "sglang" in kernels:
-        _say(f"sglang: max_kv_splits={MAX_KV_SPLITS}, core count {core_count}, "
-             f"use_pdl={use_pdl}")
+        _say(
+            f"sglang: max_kv_splits={MAX_KV_SPLITS}, core count {core_count}, " f"use_pdl={use_pdl}"
+        )
     if args.smoke:
-        warnings.filterwarnings("ignore", message="invalid value encountered",
-                                category=RuntimeWarning)  # -inf - -inf in masked lanes
+        warnings.filterwarnings(
+            "ignore", message="invalid value encountered", category=RuntimeWarning
+        )  # -inf - -inf in masked lanes
         if "bfloat16" in dtypes and not interpreter_bf16_dot_ok():
-            why = ("TRITON_INTERPRET's bf16 tl.dot is wrong (checked on a 16x16 product): "
-                   "SGLang's kernel is checked in bf16 on a GPU only")
+            why = (
+                "TRITON_INTERPRET's bf16 tl.dot is wrong (checked on a 16x16 product): "
+                "SGLang's kernel is checked in bf16 on a GPU only"
+            )
             state["skip"][("sglang", "bfloat16")] = why
             _say(f"sglang bfloat16: skipped in smoke mode - {why}")
 
-    _say(f"decode attention step, suffix {suffix}; "
-         + ("times: do_bench medians in us; speedup = other / feather" if timing
-            else "correctness only (no timing)"))
-    _say(f"{'shape':>8} {'dtype':>9} {'B':>4} {'P':>6} {'feather':>11}{'sglang':>11}"
-         f"{'flashinfer':>11}" + (f"{'sglang_pkg':>11}" if "sglang_pkg" in kernels else "")
-         + (f"{'vs_sglang':>10}{'vs_fi':>10}" if timing else ""))
+    _say(
+        f"decode attention step, suffix {suffix}; "
+        + (
+            "times: do_bench medians in us; speedup = other / feather"
+            if timing
+            else "correctness only (no timing)"
+        )
+    )
+    _say(
+        f"{'shape':>8} {'dtype':>9} {'B':>4} {'P':>6} {'feather':>11}{'sglang':>11}"
+        f"{'flashinfer':>11}"
+        + (f"{'sglang_pkg':>11}" if "sglang_pkg" in kernels else "")
+        + (f"{'vs_sglang':>10}{'vs_fi':>10}" if timing else "")
+    )
     rows, skipped = [], []
-    machine = {"python": platform.python_version(), "torch": torch.__version__,
-               "triton": getattr(triton, "__version__", None),
-               "gpu": torch.cuda.get_device_name(0) if cuda else None,
-               "cuda": torch.version.cuda, "smoke": args.smoke,
-               "kernels": {k: (getattr(v, "how", None) if k.startswith("sglang") else
-                               getattr(v, "__version__", None)) for k, v in kernels.items()},
-               "sglang_max_kv_splits": MAX_KV_SPLITS, "sglang_core_count": core_count}
+    from feather_bench.tools.machine import describe
+
+    machine = {
+        **describe("triton", "flashinfer"),
+        "gpu_name": torch.cuda.get_device_name(0) if cuda else None,
+        "cuda": torch.version.cuda,
+        "smoke": args.smoke,
+        "kernels": {
+            k: (
+                getattr(v, "how", None)
+                if k.startswith("sglang")
+                else getattr(v, "__version__", None)
+            )
+            for k, v in kernels.items()
+        },
+        "sglang_max_kv_splits": MAX_KV_SPLITS,
+        "sglang_core_count": core_count,
+    }
 
     def write_json(partial: bool) -> dict:
         summary = summarize(rows, timing, skipped)
         summary["seconds"] = round(time.perf_counter() - t_start, 1)
         summary["complete"] = not partial
         if args.json:
-            machine.update(sglang_use_pdl=state["use_pdl"],
-                           sglang_pdl_error=state.get("pdl_error"),
-                           skipped_kernels={f"{k}/{d}": v for (k, d), v in state["skip"].items()})
+            machine.update(
+                sglang_use_pdl=state["use_pdl"],
+                sglang_pdl_error=state.get("pdl_error"),
+                skipped_kernels={f"{k}/{d}": v for (k, d), v in state["skip"].items()},
+            )
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
             tmp = args.json + ".tmp"
             with open(tmp, "w") as f:
@@ -712,16 +864,19 @@ def main(argv=None) -> int:
                     if time.perf_counter() - t_start > args.budget_s:
                         skipped.append(cell)
                         continue
-                    row = run_cell(kernels, shape, dtype, B, P, suffix, device, timing,
-                                   core_count, state)
+                    row = run_cell(
+                        kernels, shape, dtype, B, P, suffix, device, timing, core_count, state
+                    )
                     rows.append(row)
                     _print_row(row, timing, "sglang_pkg" in kernels)
                     # NOTE: written after every cell, so a run cut short by a timeout (a
                     # FlashInfer JIT build, say) still leaves what it measured
                     write_json(partial=True)
     if skipped:
-        _say(f"time budget ({args.budget_s:.0f} s) spent: {len(skipped)} cells skipped: "
-             + ", ".join(skipped))
+        _say(
+            f"time budget ({args.budget_s:.0f} s) spent: {len(skipped)} cells skipped: "
+            + ", ".join(skipped)
+        )
     summary = write_json(partial=False)
     _say(json.dumps(summary))
     if args.json:

@@ -19,14 +19,18 @@ TOPICS = [
 ]
 
 
-def shared_prefix_prompts(groups: int, per_group: int, repeat: int = 6, seed: int = 0) -> list[tuple[str, str]]:
+def shared_prefix_prompts(
+    groups: int, per_group: int, repeat: int = 6, seed: int = 0
+) -> list[tuple[str, str]]:
     """(rid, prompt) pairs: ``groups`` long system prompts, each with ``per_group`` questions,
     shuffled so that arrival order mixes the groups (as in sglang's generated-shared-prefix)."""
     items = []
     for g in range(groups):
         system = TOPICS[g % len(TOPICS)] * repeat + f"(desk {g}) "
         for i in range(per_group):
-            items.append((f"g{g}-q{i}", system + f"Question {i}: what should I know about item {i * 7 + g}?"))
+            items.append(
+                (f"g{g}-q{i}", system + f"Question {i}: what should I know about item {i * 7 + g}?")
+            )
     random.Random(seed).shuffle(items)
     return items
 
@@ -39,7 +43,9 @@ class Output:
     top2: list[list[tuple[float, int]]]  # per output position: [(logprob, token id)] best first
 
 
-def generate_all(url: str, prompts, max_new_tokens: int, concurrency: int | None = None, timeout_s: float = 600):
+def generate_all(
+    url: str, prompts, max_new_tokens: int, concurrency: int | None = None, timeout_s: float = 600
+):
     """POST every prompt to ``/generate`` at once (greedy); returns {rid: Output}."""
 
     def one(item):
@@ -49,7 +55,11 @@ def generate_all(url: str, prompts, max_new_tokens: int, concurrency: int | None
             json={
                 "rid": rid,
                 "text": text,
-                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+                "sampling_params": {
+                    "max_new_tokens": max_new_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
                 "return_logprob": True,
                 "top_logprobs_num": 2,
             },
@@ -88,7 +98,9 @@ def compare_greedy(a: dict[str, Output], b: dict[str, Output]) -> list[str]:
                 continue
             gaps = [abs(o.top2[i][0][0] - o.top2[i][1][0]) for o in (x, y)]
             if max(gaps) > NEAR_TIE_LOGPROB_GAP:
-                problems.append(f"{rid}: token {i} differs ({tx} vs {ty}) with top-2 logprob gaps {gaps}")
+                problems.append(
+                    f"{rid}: token {i} differs ({tx} vs {ty}) with top-2 logprob gaps {gaps}"
+                )
             break
         if len(x.token_ids) != len(y.token_ids):
             problems.append(f"{rid}: lengths {len(x.token_ids)} vs {len(y.token_ids)}")
@@ -104,9 +116,15 @@ def homogeneity(trace_path, rids) -> dict:
     rids = set(rids)
     steps = [e for e in read_trace(trace_path) if e["mode"] == "decode" and set(e["rids"]) <= rids]
     if not steps:
-        return {"decode_steps": 0, "mean_groups_per_step": float("nan"), "mean_shared_prefix_tokens": 0.0}
+        return {
+            "decode_steps": 0,
+            "mean_groups_per_step": float("nan"),
+            "mean_shared_prefix_tokens": 0.0,
+        }
     return {
         "decode_steps": len(steps),
-        "mean_groups_per_step": statistics.mean(len({group_of(r) for r in e["rids"]}) for e in steps),
+        "mean_groups_per_step": statistics.mean(
+            len({group_of(r) for r in e["rids"]}) for e in steps
+        ),
         "mean_shared_prefix_tokens": statistics.mean(e["prefix_tokens"] for e in steps),
     }

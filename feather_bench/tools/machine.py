@@ -32,10 +32,14 @@ def describe(*dists: str) -> dict:
     from feather_sglang.cpu_runtime import cpu_flags, gpu_present
 
     return {
-        "cpu": cpu_model(), "cores": os.cpu_count(), "arch": platform.machine(), "gpu": gpu_present(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "arch": platform.machine(),
+        "gpu": gpu_present(),
         "bf16_instructions": bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}),
         "amx": "amx_bf16" in cpu_flags(),
-        "python": platform.python_version(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "python": platform.python_version(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "versions": {d: version(d) for d in ("sglang", "torch", *dists)},
     }
 
@@ -46,11 +50,18 @@ def git_state() -> dict:
 
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
+
         def git(*args):
-            return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
-                                  timeout=10, check=True).stdout
-        return {"commit": git("rev-parse", "HEAD").strip(),
-                "modified": sorted(set(git("diff", "--name-only", "HEAD").split())
-                                   | set(git("ls-files", "--others", "--exclude-standard").split()))}
+            return subprocess.run(
+                ["git", "-C", repo, *args], capture_output=True, text=True, timeout=10, check=True
+            ).stdout
+
+        return {
+            "commit": git("rev-parse", "HEAD").strip(),
+            "modified": sorted(
+                set(git("diff", "--name-only", "HEAD").split())
+                | set(git("ls-files", "--others", "--exclude-standard").split())
+            ),
+        }
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "modified": None}

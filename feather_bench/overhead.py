@@ -1,5 +1,12 @@
 """Scheduling overhead per pass: feather's chunked hash tree against SGLang's lpm and dfs-weight.
 
+    python -m feather_bench.overhead --quick --json results/bench_overhead_quick.json
+    python -m feather_bench.overhead --json results/bench_overhead.json
+
+Full run: W in {128, 1024, 4096} x T in {2K, 8K, 20K} tokens; ``--quick``: W in {128, 1024} x
+T in {2K, 8K} with fewer repeats. ``--live`` also runs a real server with feather and reports
+feather's logged share of step time.
+
 One *cell* is a waiting queue of ``W`` real SGLang ``Req`` objects with ``T``-token prompts
 in ``G`` prefix groups (prompt = its group's prefix of ~90% of ``T`` + a unique suffix), in
 shuffled arrival order, and a running batch of ``B`` requests of group 0 whose prompts are
@@ -35,6 +42,7 @@ scheduling cost only.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import math
@@ -47,12 +55,11 @@ import sys
 import time
 import timeit
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 import torch
-
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import (
     WAITING_PREFIX_REFRESH_INTERVAL,
@@ -71,7 +78,9 @@ from sglang.srt.runtime_context import publish, reset_context
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
-from feather_sglang.tools.machine import git_state
+from feather_bench.argtypes import ints
+from feather_bench.paths import RESULTS_DIR, model_dir
+from feather_bench.tools.machine import git_state
 from feather_sglang.chunk_hash import chunk_hashes
 from feather_sglang.config import FeatherConfig
 from feather_sglang.sglang_integration import policy as policy_mod
@@ -201,10 +210,15 @@ class Cell:
     extra_prompts: list  # fresh prompts (array('q')) for the insert/remove timings
 
 
-def build_cell(waiting: int, tokens: int, groups: int, batch: int, n_insert: int, seed: int) -> Cell:
+def build_cell(
+    waiting: int, tokens: int, groups: int, batch: int, n_insert: int, seed: int
+) -> Cell:
     prefix_len = round(PREFIX_FRACTION * tokens)
     suffix_len = tokens - prefix_len
-    prefixes = [array("q", range(_PREFIX_BASE * (g + 1), _PREFIX_BASE * (g + 1) + prefix_len)) for g in range(groups)]
+    prefixes = [
+        array("q", range(_PREFIX_BASE * (g + 1), _PREFIX_BASE * (g + 1) + prefix_len))
+        for g in range(groups)
+    ]
     counter = iter(range(1 << 30))
 
     def prompt(group: int) -> array:
@@ -229,7 +243,9 @@ def build_cell(waiting: int, tokens: int, groups: int, batch: int, n_insert: int
     return Cell(waiting, tokens, groups, batch, prefix_len, arrival, running, group_of, extra)
 
 
-def estimate_cell_bytes(waiting: int, tokens: int, batch: int, n_insert: int, n_caches: int, chunk: int) -> int:
+def estimate_cell_bytes(
+    waiting: int, tokens: int, batch: int, n_insert: int, n_caches: int, chunk: int
+) -> int:
     """Rough resident size of one cell: the prompts (8 bytes a token) plus, per tree cache,
     a CHT (~250 bytes a chunk key: the key int, its list slot, reverse-index entries)."""
     prompt_bytes = (waiting + batch + n_insert) * tokens * 8
@@ -306,7 +322,9 @@ class Settings:
     quick: bool = False
 
 
-def _rows_for_sglang(cell: Cell, kind: str, cache, running_batch, settings: Settings, log) -> list[dict]:
+def _rows_for_sglang(
+    cell: Cell, kind: str, cache, running_batch, settings: Settings, log
+) -> list[dict]:
     queue = list(cell.arrival)
 
     def restore() -> None:
@@ -321,6 +339,7 @@ def _rows_for_sglang(cell: Cell, kind: str, cache, running_batch, settings: Sett
         policy = SchedulePolicy(base, cache, False, False, False)
         fell_back = False
         if name == "lpm-no-fallback":
+
             def call(policy=policy):
                 deprioritized = policy._compute_prefix_matches(queue, CacheAwarePolicy.LPM)
                 SchedulePolicy._sort_by_longest_prefix(queue, deprioritized)
@@ -329,6 +348,7 @@ def _rows_for_sglang(cell: Cell, kind: str, cache, running_batch, settings: Sett
 
             def call(policy=policy):
                 policy.calc_priority(queue, running_batch)
+
         cheap = name == "fcfs" or fell_back
         repeats = settings.cheap_repeats if cheap else settings.repeats
         restore()
@@ -337,11 +357,20 @@ def _rows_for_sglang(cell: Cell, kind: str, cache, running_batch, settings: Sett
         extra = {}
         if name in ("fcfs", "lpm") and (fell_back or name == "fcfs"):
             extra["us_touch_amortized"] = _touch_amortized(policy, queue, restore)
-        row = _row(cell, kind, name, samples, fell_back_to_fcfs=fell_back,
-                   picks_from_running_group=head_from_running_group(), **extra)
+        row = _row(
+            cell,
+            kind,
+            name,
+            samples,
+            fell_back_to_fcfs=fell_back,
+            picks_from_running_group=head_from_running_group(),
+            **extra,
+        )
         rows.append(row)
-        log(f"    {kind:8s} {name:16s} {row['us_per_pass']:>14,.1f} us/pass"
-            + ("  (fell back to FCFS)" if fell_back else ""))
+        log(
+            f"    {kind:8s} {name:16s} {row['us_per_pass']:>14,.1f} us/pass"
+            + ("  (fell back to FCFS)" if fell_back else "")
+        )
     restore()
     return rows
 
@@ -354,7 +383,9 @@ def _touch_amortized(policy: SchedulePolicy, queue: list, restore) -> float:
     samples = []
     for _ in range(3):
         policy._waiting_prefix_refresh_calls = 0
-        samples += time_calls(lambda: policy._touch_waiting_prefixes(CacheAgnosticPolicy.FCFS, queue), 1)
+        samples += time_calls(
+            lambda: policy._touch_waiting_prefixes(CacheAgnosticPolicy.FCFS, queue), 1
+        )
     return round(statistics.median(samples) / WAITING_PREFIX_REFRESH_INTERVAL, 3)
 
 
@@ -375,8 +406,9 @@ def _row(cell: Cell, kind: str, policy: str, samples: list[float], **extra) -> d
     }
 
 
-def _feather_rows(cell: Cell, kind: str, cache, running_batch, settings: Settings,
-                  lifecycle: Optional[dict], log) -> tuple[list[dict], dict]:
+def _feather_rows(
+    cell: Cell, kind: str, cache, running_batch, settings: Settings, lifecycle: Optional[dict], log
+) -> tuple[list[dict], dict]:
     config = FeatherConfig(**NEVER_STOP)
     scheduler = SchedulerStandIn(cache, config, max_new=cell.batch)
     policy = scheduler.policy
@@ -393,7 +425,9 @@ def _feather_rows(cell: Cell, kind: str, cache, running_batch, settings: Setting
 
     # The arrivals, as Scheduler._add_request_to_queue's AFTER hook reports them (with the
     # queue index each lands at).
-    enqueue_samples = time_each(lambda item: state.on_enqueue(item[1], item[0]), list(enumerate(queue)))
+    enqueue_samples = time_each(
+        lambda item: state.on_enqueue(item[1], item[0]), list(enumerate(queue))
+    )
     # First pass: the running batch joins the CHT (sync_running); then roll the plan back.
     policy.calc_priority(queue, running_batch)
     state.on_pass_end(None)
@@ -436,7 +470,8 @@ def _feather_rows(cell: Cell, kind: str, cache, running_batch, settings: Setting
     leader_check = state._cached_prefix_tokens if state.radix_enabled else None
     leader_samples = time_calls(
         lambda: planner.plan(max_new=cell.batch, cached_prefix_tokens=leader_check),
-        settings.cheap_repeats, after=lambda: planner.end_pass(()),
+        settings.cheap_repeats,
+        after=lambda: planner.end_pass(()),
     )
 
     # The best-candidate pick at the pass-start state (peek + the agent's view; no update).
@@ -447,9 +482,15 @@ def _feather_rows(cell: Cell, kind: str, cache, running_batch, settings: Setting
 
     if lifecycle is None:
         lifecycle = _lifecycle(cell, cht)
-    common = dict(us_per_insert=lifecycle["us_per_insert"], **{k: v for k, v in lifecycle.items() if k != "us_per_insert"})
+    common = dict(
+        us_per_insert=lifecycle["us_per_insert"],
+        **{k: v for k, v in lifecycle.items() if k != "us_per_insert"},
+    )
     row = _row(
-        cell, kind, "feather", samples,
+        cell,
+        kind,
+        "feather",
+        samples,
         picks=picks,
         picks_from_running_group=sum(1 for rid in picked if cell.group_of[rid] == 0),
         stop_reason=stop_reason,
@@ -464,17 +505,24 @@ def _feather_rows(cell: Cell, kind: str, cache, running_batch, settings: Setting
         **common,
     )
     plan_row = _row(
-        cell, kind, "feather-plan", plan_samples,
+        cell,
+        kind,
+        "feather-plan",
+        plan_samples,
         picks=plan_picks[-1],
         us_per_pick_in_plan=round(med(plan_samples) / max(plan_picks[-1], 1), 3),
         us_per_pick=med(pick_samples),
         **common,
     )
-    log(f"    {kind:8s} {'feather':16s} {row['us_per_pass']:>14,.1f} us/pass  "
-        f"({picks} picks, stop={stop_reason}, rollback {row['us_rollback']:,.1f} us)")
-    log(f"    {kind:8s} {'feather-plan':16s} {plan_row['us_per_pass']:>14,.1f} us/pass  "
+    log(
+        f"    {kind:8s} {'feather':16s} {row['us_per_pass']:>14,.1f} us/pass  "
+        f"({picks} picks, stop={stop_reason}, rollback {row['us_rollback']:,.1f} us)"
+    )
+    log(
+        f"    {kind:8s} {'feather-plan':16s} {plan_row['us_per_pass']:>14,.1f} us/pass  "
         f"(pick {row['us_per_pick']:.2f} us, insert {lifecycle['us_per_insert']:,.1f} us, "
-        f"plan+leader check {row['us_plan_with_leader_check']:,.1f} us)")
+        f"plan+leader check {row['us_plan_with_leader_check']:,.1f} us)"
+    )
     gc.unfreeze()
     return [row, plan_row], lifecycle
 
@@ -496,7 +544,9 @@ def _lifecycle(cell: Cell, cht) -> dict:
     admit = time_each(cht.admit, rids)
     finish = time_each(cht.finish, rids)
     hash_array = time_each(lambda t: chunk_hashes(t, chunk), cell.extra_prompts)
-    hash_view = time_each(lambda t: chunk_hashes(np.frombuffer(t, dtype=np.int64), chunk), cell.extra_prompts)
+    hash_view = time_each(
+        lambda t: chunk_hashes(np.frombuffer(t, dtype=np.int64), chunk), cell.extra_prompts
+    )
     return {
         "us_per_insert": med(insert),
         "us_per_remove_waiting": med(remove),
@@ -510,9 +560,13 @@ def _lifecycle(cell: Cell, cht) -> dict:
 
 def run_cell(waiting: int, tokens: int, settings: Settings, log) -> list[dict]:
     t0 = time.perf_counter()
-    cell = build_cell(waiting, tokens, settings.groups, settings.batch, settings.n_insert, settings.seed)
-    log(f"  built {waiting} Reqs x {tokens} tokens in {time.perf_counter() - t0:.1f} s "
-        f"(rss {rss_mb():,.0f} MB)")
+    cell = build_cell(
+        waiting, tokens, settings.groups, settings.batch, settings.n_insert, settings.seed
+    )
+    log(
+        f"  built {waiting} Reqs x {tokens} tokens in {time.perf_counter() - t0:.1f} s "
+        f"(rss {rss_mb():,.0f} MB)"
+    )
     rows = []
     lifecycle = None
     for kind in settings.caches:
@@ -522,7 +576,9 @@ def run_cell(waiting: int, tokens: int, settings: Settings, log) -> list[dict]:
             cache_tokens(cache, allocator, req.origin_input_ids)
         running_batch = ScheduleBatch(reqs=list(cell.running))
         rows += _rows_for_sglang(cell, kind, cache, running_batch, settings, log)
-        feather_rows, lifecycle = _feather_rows(cell, kind, cache, running_batch, settings, lifecycle, log)
+        feather_rows, lifecycle = _feather_rows(
+            cell, kind, cache, running_batch, settings, lifecycle, log
+        )
         rows += feather_rows
         for row in rows:
             if row["tree_cache"] == kind:
@@ -545,26 +601,18 @@ def peak_rss_mb() -> float:
 
 
 def machine_info(settings: Settings) -> dict:
-    import importlib.metadata as md
+    from feather_bench.tools.machine import describe
 
-    from feather_sglang.tools.machine import cpu_model
-
-    model = cpu_model()
     classes = {}
     for kind in settings.caches:
         cache, _ = make_tree_cache(kind, 1 << 16, 1024, 8)
         classes[kind] = cache_class_name(cache)
         del cache
     return {
-        "cpu_model": model,
-        "cores": os.cpu_count(),
+        **describe("numpy"),
         "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
         "platform": platform.platform(),
-        "sglang": md.version("sglang"),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
         "tree_cache": classes[DEFAULT_CACHE] if DEFAULT_CACHE in classes else None,
         "tree_caches": classes,
         "default_tree_cache": DEFAULT_CACHE,
@@ -575,40 +623,57 @@ def machine_info(settings: Settings) -> dict:
 def summarize(rows: list[dict], settings: Settings) -> dict:
     def find(w, t, policy, kind):
         for r in rows:
-            if (r["waiting"], r["prompt_tokens"], r["policy"], r["tree_cache"]) == (w, t, policy, kind):
+            if (r["waiting"], r["prompt_tokens"], r["policy"], r["tree_cache"]) == (
+                w,
+                t,
+                policy,
+                kind,
+            ):
                 return r
         return None
 
-    cells = sorted({(r["waiting"], r["prompt_tokens"]) for r in rows}, key=lambda c: (c[0] * c[1], c[0]))
+    cells = sorted(
+        {(r["waiting"], r["prompt_tokens"]) for r in rows}, key=lambda c: (c[0] * c[1], c[0])
+    )
     if not cells:
-        return {"ratio_vs_dfs_weight_at_largest": None, "ratio_vs_lpm_at_largest": None,
-                "insert_us_per_1k_tokens": None}
+        return {
+            "ratio_vs_dfs_weight_at_largest": None,
+            "ratio_vs_lpm_at_largest": None,
+            "insert_us_per_1k_tokens": None,
+        }
     w, t = cells[-1]
-    kinds = [k for k in (DEFAULT_CACHE, *settings.caches) if any(r["tree_cache"] == k for r in rows)]
+    kinds = [
+        k for k in (DEFAULT_CACHE, *settings.caches) if any(r["tree_cache"] == k for r in rows)
+    ]
     kind = kinds[0]
 
     def ratios(kind, feather_policy="feather"):
         f = find(w, t, feather_policy, kind)
         d = find(w, t, "dfs-weight", kind)
-        l = find(w, t, "lpm-no-fallback", kind)
-        if f is None or d is None or l is None:
+        lpm = find(w, t, "lpm-no-fallback", kind)
+        if f is None or d is None or lpm is None:
             return None, None
-        return round(d["us_per_pass"] / f["us_per_pass"], 1), round(l["us_per_pass"] / f["us_per_pass"], 1)
+        return round(d["us_per_pass"] / f["us_per_pass"], 1), round(
+            lpm["us_per_pass"] / f["us_per_pass"], 1
+        )
 
     dfs_ratio, lpm_ratio = ratios(kind)
     largest_t = max(c[1] for c in cells)
     largest_w_at_t = max(c[0] for c in cells if c[1] == largest_t)
     ins = find(largest_w_at_t, largest_t, "feather", kind)
     insert_per_1k = round(ins["us_per_insert"] / (largest_t / 1000), 3) if ins else None
-    feather = find(w, t, "feather", kind)
     pick_w = max(c[0] for c in cells)
     pick_row = find(pick_w, max(c[1] for c in cells if c[0] == pick_w), "feather", kind)
     by_cache = {}
     for k in kinds:
-        d, l = ratios(k)
+        d, lpm = ratios(k)
         dp, lp = ratios(k, "feather-plan")
-        by_cache[k] = {"ratio_vs_dfs_weight": d, "ratio_vs_lpm": l,
-                       "ratio_vs_dfs_weight_plan_only": dp, "ratio_vs_lpm_plan_only": lp}
+        by_cache[k] = {
+            "ratio_vs_dfs_weight": d,
+            "ratio_vs_lpm": lpm,
+            "ratio_vs_dfs_weight_plan_only": dp,
+            "ratio_vs_lpm_plan_only": lp,
+        }
     insert_per_10k_ms = insert_per_1k * 10 / 1000 if insert_per_1k is not None else None
     return {
         "ratio_vs_dfs_weight_at_largest": dfs_ratio,
@@ -619,13 +684,22 @@ def summarize(rows: list[dict], settings: Settings) -> dict:
         "feather_row": "feather (FeatherSchedulePolicy.calc_priority, rollback excluded)",
         "lpm_ratio_uses": "lpm-no-fallback (lpm's prefix matching + sort without the >128 FCFS fallback)",
         "by_tree_cache": by_cache,
-        "pick_us_at_largest_waiting": {"waiting": pick_w, "us": pick_row["us_per_pick"] if pick_row else None},
+        "pick_us_at_largest_waiting": {
+            "waiting": pick_w,
+            "us": pick_row["us_per_pick"] if pick_row else None,
+        },
         "targets": {
             "per_pass_1000x_below_dfs_weight": None if dfs_ratio is None else dfs_ratio >= 1000,
             "per_pass_1000x_below_lpm_matching": None if lpm_ratio is None else lpm_ratio >= 1000,
-            "insert_at_most_0.1ms_per_10k_tokens": None if insert_per_10k_ms is None else insert_per_10k_ms <= 0.1,
-            "insert_ms_per_10k_tokens": None if insert_per_10k_ms is None else round(insert_per_10k_ms, 4),
-            "pick_few_us_at_largest_waiting": None if pick_row is None else pick_row["us_per_pick"] < 10,
+            "insert_at_most_0.1ms_per_10k_tokens": None
+            if insert_per_10k_ms is None
+            else insert_per_10k_ms <= 0.1,
+            "insert_ms_per_10k_tokens": None
+            if insert_per_10k_ms is None
+            else round(insert_per_10k_ms, 4),
+            "pick_few_us_at_largest_waiting": None
+            if pick_row is None
+            else pick_row["us_per_pick"] < 10,
             "measured_at": {"waiting": w, "prompt_tokens": t},
             "full_grid_reached": (w, t) == (max(FULL_WAITING), max(FULL_TOKENS)),
         },
@@ -652,22 +726,36 @@ def run(settings: Settings, json_path: Optional[str], log=None) -> dict:
     started = time.perf_counter()
     publish_context()
     machine = machine_info(settings)
-    log(f"machine: {machine['cpu_model']}, {machine['cores']} cores, load {machine['loadavg_at_start']}, "
-        f"sglang {machine['sglang']}, tree caches {machine['tree_caches']}")
+    log(
+        f"machine: {machine['cpu']}, {machine['cores']} cores, load {machine['loadavg_at_start']}, "
+        f"sglang {machine['versions']['sglang']}, tree caches {machine['tree_caches']}"
+    )
     chunk = FeatherConfig().chunk_size
     budget = settings.max_rss_gb * 2**30
     rows, skipped = [], []
     cells = [(w, t) for t in settings.tokens for w in settings.waiting]
     for index, (w, t) in enumerate(cells, 1):
-        need = estimate_cell_bytes(w, t, settings.batch, settings.n_insert, len(settings.caches), chunk)
+        need = estimate_cell_bytes(
+            w, t, settings.batch, settings.n_insert, len(settings.caches), chunk
+        )
         if rss_mb() * 2**20 + need > budget:
-            skipped.append({"waiting": w, "prompt_tokens": t, "estimated_gb": round(need / 2**30, 2),
-                            "reason": f"would exceed --max-rss-gb {settings.max_rss_gb}"})
-            log(f"[{index}/{len(cells)}] W={w} T={t}: SKIPPED (estimated {need / 2**30:.1f} GB "
-                f"over the {settings.max_rss_gb} GB budget)")
+            skipped.append(
+                {
+                    "waiting": w,
+                    "prompt_tokens": t,
+                    "estimated_gb": round(need / 2**30, 2),
+                    "reason": f"would exceed --max-rss-gb {settings.max_rss_gb}",
+                }
+            )
+            log(
+                f"[{index}/{len(cells)}] W={w} T={t}: SKIPPED (estimated {need / 2**30:.1f} GB "
+                f"over the {settings.max_rss_gb} GB budget)"
+            )
             continue
-        log(f"[{index}/{len(cells)}] W={w} T={t} (est. {need / 2**30:.2f} GB) "
-            f"t+{time.perf_counter() - started:.0f}s")
+        log(
+            f"[{index}/{len(cells)}] W={w} T={t} (est. {need / 2**30:.2f} GB) "
+            f"t+{time.perf_counter() - started:.0f}s"
+        )
         rows += run_cell(w, t, settings, log)
     wall = time.perf_counter() - started
     summary = summarize(rows, settings)
@@ -700,3 +788,121 @@ def run(settings: Settings, json_path: Optional[str], log=None) -> dict:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1, default=str)
     return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="W in {128, 1024}, T in {2K, 8K}, fewer repeats (under a minute)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+    parser.add_argument(
+        "--waiting", type=ints, help="comma-separated waiting-queue sizes (overrides the grid)"
+    )
+    parser.add_argument(
+        "--tokens", type=ints, help="comma-separated prompt lengths in tokens (overrides the grid)"
+    )
+    parser.add_argument("--groups", type=int, help="prefix groups (default 8)")
+    parser.add_argument(
+        "--batch", type=int, help="running requests and picks per pass (default 32)"
+    )
+    parser.add_argument(
+        "--caches", help="tree caches, comma-separated: unified (sglang's default), radix"
+    )
+    parser.add_argument("--repeats", type=int, help="timed passes of the matching policies")
+    parser.add_argument(
+        "--max-rss-gb", type=float, help="skip cells that would push RSS past this (default 12)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--live",
+        metavar="MODEL_DIR",
+        nargs="?",
+        const=str(model_dir()),
+        help="also run a real server with feather on MODEL_DIR (default: the SmolLM2 model) "
+        "and report feather's logged share of step time",
+    )
+    args = parser.parse_args(argv)
+
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    settings = Settings(seed=args.seed, quick=args.quick)
+    if args.quick:
+        settings.waiting, settings.tokens = QUICK_WAITING, QUICK_TOKENS
+        settings.repeats, settings.cheap_repeats, settings.n_insert, settings.pick_number = (
+            3,
+            7,
+            50,
+            1000,
+        )
+    if args.waiting:
+        settings.waiting = args.waiting
+    if args.tokens:
+        settings.tokens = args.tokens
+    if args.groups:
+        settings.groups = args.groups
+    if args.batch:
+        settings.batch = args.batch
+    if args.caches:
+        settings.caches = tuple(c.strip() for c in args.caches.split(",") if c.strip())
+    if args.repeats:
+        settings.repeats = args.repeats
+    if args.max_rss_gb:
+        settings.max_rss_gb = args.max_rss_gb
+
+    start = time.perf_counter()
+    result = run(settings, None)
+    if args.live:
+        from feather_bench.live import run_live
+
+        print(f"live server: feather on {args.live} ...", file=sys.stderr, flush=True)
+        log_path = RESULTS_DIR / "bench_overhead_live_server.log"
+        log_path.parent.mkdir(exist_ok=True)
+        result["live_server"] = live = run_live(args.live, log_path)
+        result["summary"]["live_share_of_step_time_pct_median"] = live[
+            "share_of_step_time_pct_median"
+        ]
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    print(format_table(result["rows"]))
+    print()
+    s = result["summary"]
+    for key in (
+        "ratio_vs_dfs_weight_at_largest",
+        "ratio_vs_lpm_at_largest",
+        "insert_us_per_1k_tokens",
+    ):
+        print(f"{key}: {s[key]}")
+    print(
+        f"largest cell: {s.get('largest_cell')} on {s.get('tree_cache')} "
+        f"({result['machine']['tree_caches'].get(s.get('tree_cache'))})"
+    )
+    print(f"by tree cache: {s.get('by_tree_cache')}")
+    print(f"pick at largest W: {s.get('pick_us_at_largest_waiting')}")
+    print(f"targets: {s.get('targets')}")
+    if "live_server" in result:
+        live = result["live_server"]
+        print(
+            f"live server ({live['model']}, {live['requests']} requests, {live['log_lines']} log lines): "
+            f"feather {live['ms_per_pass_median']} ms/pass, median {live['share_of_step_time_pct_median']}% "
+            f"(max {live['share_of_step_time_pct_max']}%) of step time"
+        )
+    for skip in result["skipped"]:
+        print(f"SKIPPED: {skip}")
+    print(
+        f"wall {time.perf_counter() - start:.1f} s, peak RSS {result['machine']['peak_rss_mb']:,.0f} MB"
+        + (f", JSON: {args.json}" if args.json else "")
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

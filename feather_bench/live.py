@@ -21,11 +21,17 @@ def parse_shares(log_text: str) -> list[tuple[float, float]]:
     return [(float(ms), float(share)) for ms, share in SHARE_LINE.findall(log_text)]
 
 
-def run_live(model: str, log_path: Path, groups: int = 4, per_group: int = 16, repeat: int = 40,
-             max_new_tokens: int = 64) -> dict:
+def run_live(
+    model: str,
+    log_path: Path,
+    groups: int = 4,
+    per_group: int = 16,
+    repeat: int = 40,
+    max_new_tokens: int = 64,
+) -> dict:
     """Serve ``model`` with feather, send the shared-prefix batch, return the logged shares."""
-    from feather_sglang.tools.server import SGLangServer
-    from feather_sglang.tools.workload import generate_all, shared_prefix_prompts
+    from feather_bench.tools.server import SGLangServer
+    from feather_bench.tools.workload import generate_all, shared_prefix_prompts
 
     prompts = shared_prefix_prompts(groups, per_group, repeat=repeat)
     args = ["--decode-log-interval", "10", "--max-running-requests", "16"]
@@ -41,7 +47,9 @@ def run_live(model: str, log_path: Path, groups: int = 4, per_group: int = 16, r
         "elapsed_s": round(elapsed, 2),
         "log_lines": len(shares),
         "ms_per_pass_median": statistics.median(ms for ms, _ in shares) if shares else None,
-        "share_of_step_time_pct_median": statistics.median(p for _, p in shares) if shares else None,
+        "share_of_step_time_pct_median": statistics.median(p for _, p in shares)
+        if shares
+        else None,
         "share_of_step_time_pct_max": max(p for _, p in shares) if shares else None,
         "server_args": args,
         "log": str(log_path),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable, Optional, TextIO
 from tqdm import tqdm
 
 if TYPE_CHECKING:
-    from feather_sglang.workloads import Workload, WorkloadRequest
+    from feather_bench.workloads import Workload, WorkloadRequest
 
 
 @dataclass
@@ -54,18 +54,34 @@ async def _one(req, stream_fn, t0: float, bar: tqdm) -> RequestRecord:
     ids = [int(t[1]) for t in meta["output_token_logprobs"]]
     top2 = [[[float(lp), int(tid)] for lp, tid, *_ in pos] for pos in meta["output_top_logprobs"]]
     return RequestRecord(
-        rid=req.rid, prompt_tokens=int(meta["prompt_tokens"]), cached_tokens=int(meta.get("cached_tokens", 0)),
-        output_ids=ids, top2=top2, submit_s=submit - t0, ttft_s=(first or end) - submit, e2e_s=end - submit,
+        rid=req.rid,
+        prompt_tokens=int(meta["prompt_tokens"]),
+        cached_tokens=int(meta.get("cached_tokens", 0)),
+        output_ids=ids,
+        top2=top2,
+        submit_s=submit - t0,
+        ttft_s=(first or end) - submit,
+        e2e_s=end - submit,
     )
 
 
-async def drive(workload: "Workload", stream_fn: Callable[["WorkloadRequest"], AsyncIterator[dict]],
-                desc: str, progress: Optional[TextIO] = None) -> tuple[list[RequestRecord], float]:
+async def drive(
+    workload: "Workload",
+    stream_fn: Callable[["WorkloadRequest"], AsyncIterator[dict]],
+    desc: str,
+    progress: Optional[TextIO] = None,
+) -> tuple[list[RequestRecord], float]:
     """Submit every request (at its ``arrival_s`` if set, else at once); returns the records
     and the makespan in seconds (first submission to last completion). A tqdm bar of finished
     requests goes to ``progress`` (default stderr)."""
-    with tqdm(total=len(workload.requests), desc=desc, unit="req", leave=False, dynamic_ncols=True,
-              file=progress) as bar:
+    with tqdm(
+        total=len(workload.requests),
+        desc=desc,
+        unit="req",
+        leave=False,
+        dynamic_ncols=True,
+        file=progress,
+    ) as bar:
         t0 = time.perf_counter()
         records = await asyncio.gather(*(_one(r, stream_fn, t0, bar) for r in workload.requests))
         makespan = time.perf_counter() - t0
@@ -75,8 +91,12 @@ async def drive(workload: "Workload", stream_fn: Callable[["WorkloadRequest"], A
 def engine_stream_fn(engine):
     async def stream(req):
         gen = await engine.async_generate(
-            input_ids=list(req.input_ids), sampling_params=sampling_params(req), rid=req.rid,
-            return_logprob=True, top_logprobs_num=2, stream=True,
+            input_ids=list(req.input_ids),
+            sampling_params=sampling_params(req),
+            rid=req.rid,
+            return_logprob=True,
+            top_logprobs_num=2,
+            stream=True,
         )
         async for chunk in gen:
             yield chunk
@@ -87,12 +107,18 @@ def engine_stream_fn(engine):
 def http_stream_fn(url: str, session):
     async def stream(req):
         body = {
-            "rid": req.rid, "input_ids": list(req.input_ids), "sampling_params": sampling_params(req),
-            "return_logprob": True, "top_logprobs_num": 2, "stream": True,
+            "rid": req.rid,
+            "input_ids": list(req.input_ids),
+            "sampling_params": sampling_params(req),
+            "return_logprob": True,
+            "top_logprobs_num": 2,
+            "stream": True,
         }
         async with session.post(url + "/generate", json=body) as resp:
             if resp.status != 200:
-                raise RuntimeError(f"{url}/generate answered {resp.status} for {req.rid}: {await resp.text()}")
+                raise RuntimeError(
+                    f"{url}/generate answered {resp.status} for {req.rid}: {await resp.text()}"
+                )
             async for raw in resp.content:
                 line = raw.decode().strip()
                 if not line.startswith("data:"):
@@ -105,9 +131,13 @@ def http_stream_fn(url: str, session):
     return stream
 
 
-async def drive_server(workload: "Workload", url: str, desc: str, timeout_s: Optional[float] = None):
+async def drive_server(
+    workload: "Workload", url: str, desc: str, timeout_s: Optional[float] = None
+):
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+    ) as session:
         return await drive(workload, http_stream_fn(url, session), desc)

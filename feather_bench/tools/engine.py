@@ -39,8 +39,12 @@ def _spare_resource_tracker():
         return
 
     def kill_sparing_tracker(parent_pid, include_parent=True, skip_pid=None, **kwargs):
-        return kill(parent_pid, include_parent=include_parent,
-                    skip_pid=tracker_pid if skip_pid is None else skip_pid, **kwargs)
+        return kill(
+            parent_pid,
+            include_parent=include_parent,
+            skip_pid=tracker_pid if skip_pid is None else skip_pid,
+            **kwargs,
+        )
 
     engine_module.kill_process_tree = kill_sparing_tracker
     try:

@@ -13,7 +13,9 @@ from pathlib import Path
 import requests as http
 
 
-def attention_flops(prompts: list[list[int]], max_new_tokens: int, layers: int, heads: int, head_dim: int) -> int:
+def attention_flops(
+    prompts: list[list[int]], max_new_tokens: int, layers: int, heads: int, head_dim: int
+) -> int:
     """The fewest attention FLOPs (``Q Kᵀ`` and ``probs V``) that generating ``max_new_tokens``
     for each of ``prompts`` (token ids) takes when every shared prompt prefix is computed once.
 
@@ -33,7 +35,9 @@ def attention_flops(prompts: list[list[int]], max_new_tokens: int, layers: int, 
     return 4 * heads * head_dim * layers * total
 
 
-def attention_floor(model: str, prompts: list[str], max_new_tokens: int, gemm_peak_gflops: float) -> dict:
+def attention_floor(
+    model: str, prompts: list[str], max_new_tokens: int, gemm_peak_gflops: float
+) -> dict:
     """:func:`attention_flops` of ``prompts`` on ``model`` (its tokenizer and config.json), and
     the seconds they take at ``gemm_peak_gflops``: a floor under any exact attention backend."""
     from transformers import AutoTokenizer
@@ -45,14 +49,26 @@ def attention_floor(model: str, prompts: list[str], max_new_tokens: int, gemm_pe
     tokenizer = AutoTokenizer.from_pretrained(model)
     ids = [tokenizer.encode(p) for p in prompts]
     flops = attention_flops(ids, max_new_tokens, config["num_hidden_layers"], heads, head_dim)
-    return {"attention_gflops": round(flops / 1e9, 2), "gemm_peak_gflops": round(gemm_peak_gflops, 1),
-            "attention_floor_s": round(flops / (gemm_peak_gflops * 1e9), 3)}
+    return {
+        "attention_gflops": round(flops / 1e9, 2),
+        "gemm_peak_gflops": round(gemm_peak_gflops, 1),
+        "attention_floor_s": round(flops / (gemm_peak_gflops * 1e9), 3),
+    }
 
 
-def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: int = 32,
-                          prefix_repeat: int = 40, max_new_tokens: int = 32, policy: str = "fcfs",
-                          dtype: str = "float32", groups: int = 1, repeats: int = 2,
-                          gemm_peak_gflops: float | None = None) -> dict:
+def run_server_comparison(
+    model: str,
+    log_dir: Path,
+    rounds: int = 2,
+    requests: int = 32,
+    prefix_repeat: int = 40,
+    max_new_tokens: int = 32,
+    policy: str = "fcfs",
+    dtype: str = "float32",
+    groups: int = 1,
+    repeats: int = 2,
+    gemm_peak_gflops: float | None = None,
+) -> dict:
     """Total time of ``requests`` greedy requests sharing one ~740-token system prompt (a
     warmed-up server with an empty cache: the first request computes the prefix), per backend,
     split by the batch trace into extend, decode and attention time; outputs must agree.
@@ -71,9 +87,9 @@ def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: 
         raise ValueError(f"groups must be >= 1 and divide requests ({requests}), got {groups}")
     if rounds < 1 or repeats < 1:
         raise ValueError(f"rounds and repeats must be >= 1, got {rounds} and {repeats}")
+    from feather_bench.tools.server import SGLangServer
+    from feather_bench.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
     from feather_sglang.sglang_integration.trace import ENV, read_trace, time_split
-    from feather_sglang.tools.server import SGLangServer
-    from feather_sglang.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
 
     prompts = shared_prefix_prompts(groups, requests // groups, repeat=prefix_repeat)
     times: dict[str, list[float]] = {"feather": [], "torch_native": []}
@@ -86,7 +102,9 @@ def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: 
             args = ["--attention-backend", backend, "--dtype", dtype]
             log_path = Path(log_dir) / f"attention-{backend}-{dtype}.log"
             trace_path = trace_dir / f"{backend}-{dtype}-{r}.jsonl"
-            with SGLangServer(model, policy, args, log_path=log_path, env={ENV: str(trace_path)}) as server:
+            with SGLangServer(
+                model, policy, args, log_path=log_path, env={ENV: str(trace_path)}
+            ) as server:
                 for k in range(repeats):
                     http.post(server.url + "/flush_cache", timeout=60).raise_for_status()
                     start = time.monotonic()
@@ -94,33 +112,59 @@ def run_server_comparison(model: str, log_dir: Path, rounds: int = 2, requests: 
                     end = time.monotonic()
                     times[backend].append(end - start)
                     if backend in outputs:  # every later run against this backend's first
-                        problems += [f"{backend} round {r + 1} run {k + 1} vs its first: {p}"
-                                     for p in compare_greedy(out, outputs[backend])]
+                        problems += [
+                            f"{backend} round {r + 1} run {k + 1} vs its first: {p}"
+                            for p in compare_greedy(out, outputs[backend])
+                        ]
                     outputs.setdefault(backend, out)
                     # NOTE: the trace's "t" is time.monotonic() in the server, the same clock as ours
                     extend_s, decode_s, attention_s = time_split(
-                        [e for e in read_trace(trace_path) if start <= e["t"] <= end])
-                    parts[backend].append({"extend_s": extend_s, "decode_s": decode_s, "attention_s": attention_s})
-                    print(f"  round {r + 1}, run {k + 1}: {backend}: {times[backend][-1]:.1f} s (steps: extend "
-                          f"{extend_s:.1f} s, decode {decode_s:.1f} s; attention {attention_s:.1f} s of them)",
-                          flush=True)
-    problems += [f"feather vs torch_native: {p}" for p in compare_greedy(outputs["feather"], outputs["torch_native"])]
+                        [e for e in read_trace(trace_path) if start <= e["t"] <= end]
+                    )
+                    parts[backend].append(
+                        {"extend_s": extend_s, "decode_s": decode_s, "attention_s": attention_s}
+                    )
+                    print(
+                        f"  round {r + 1}, run {k + 1}: {backend}: {times[backend][-1]:.1f} s (steps: extend "
+                        f"{extend_s:.1f} s, decode {decode_s:.1f} s; attention {attention_s:.1f} s of them)",
+                        flush=True,
+                    )
+    problems += [
+        f"feather vs torch_native: {p}"
+        for p in compare_greedy(outputs["feather"], outputs["torch_native"])
+    ]
     med = {b: statistics.median(t) for b, t in times.items()}
-    split = {b: {k: round(statistics.median(p[k] for p in ps), 3) for k in ps[0]} for b, ps in parts.items()}
+    split = {
+        b: {k: round(statistics.median(p[k] for p in ps), 3) for k in ps[0]}
+        for b, ps in parts.items()
+    }
     # What feather's backend could still gain: its total with every second of attention removed.
     floor = med["feather"] - split["feather"]["attention_s"]
     at_peak = None
     if gemm_peak_gflops:
         # ... and with its attention taking only the FLOPs it must do, at the GEMM peak
-        at_peak = attention_floor(model, [text for _, text in prompts], max_new_tokens, gemm_peak_gflops)
-        at_peak["speedup_bound"] = round(med["torch_native"] / (floor + at_peak["attention_floor_s"]), 2)
+        at_peak = attention_floor(
+            model, [text for _, text in prompts], max_new_tokens, gemm_peak_gflops
+        )
+        at_peak["speedup_bound"] = round(
+            med["torch_native"] / (floor + at_peak["attention_floor_s"]), 2
+        )
     return {
-        "model": model, "policy": policy, "dtype": dtype, "requests": requests, "groups": groups,
-        "max_new_tokens": max_new_tokens, "rounds": rounds, "repeats_per_server": repeats,
-        "seconds": times, "median_s": med,
+        "model": model,
+        "policy": policy,
+        "dtype": dtype,
+        "requests": requests,
+        "groups": groups,
+        "max_new_tokens": max_new_tokens,
+        "rounds": rounds,
+        "repeats_per_server": repeats,
+        "seconds": times,
+        "median_s": med,
         "speedup_total_time": round(med["torch_native"] / med["feather"], 2),
         "median_split_s": split,
-        "speedup_bound_if_attention_were_free": round(med["torch_native"] / floor, 2) if floor > 0 else None,
+        "speedup_bound_if_attention_were_free": round(med["torch_native"] / floor, 2)
+        if floor > 0
+        else None,
         "attention_at_gemm_peak": at_peak,
         "greedy_problems": problems,
     }

@@ -1,6 +1,6 @@
 """Run one workload under one configuration, on a fresh SGLang each time.
 
-Offline mode runs ``sglang.Engine`` in a child process (``python -m feather_sglang.ab.worker``)
+Offline mode runs ``sglang.Engine`` in a child process (``python -m feather_bench.ab.worker``)
 so that every configuration starts from the same state and nothing of one run (memory, radix
 cache, hooks) leaks into the next; online mode starts a real ``sglang.launch_server`` and
 sends the requests over HTTP at their arrival times. Both warm the model up on a short
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from feather_sglang.ab.client import RequestRecord
+from feather_bench.ab.client import RequestRecord
+from feather_bench.workloads import Workload, write_workload_file
 from feather_sglang.sglang_integration.trace import ENV as TRACE_ENV
 from feather_sglang.sglang_integration.trace import read_trace
-from feather_sglang.workloads import Workload, write_workload_file
 
 WARMUP_TOKENS = 32
 
@@ -80,14 +80,26 @@ class Common:
 
     def engine_kwargs(self) -> dict:
         return {
-            "model_path": self.model_path, "dtype": self.dtype, "max_total_tokens": self.max_total_tokens,
-            "max_running_requests": self.max_running_requests, "random_seed": self.seed, "log_level": "error",
+            "model_path": self.model_path,
+            "dtype": self.dtype,
+            "max_total_tokens": self.max_total_tokens,
+            "max_running_requests": self.max_running_requests,
+            "random_seed": self.seed,
+            "log_level": "error",
             **self.extra_engine_kwargs,
         }
 
     def server_args(self) -> list[str]:
-        args = ["--dtype", self.dtype, "--max-total-tokens", str(self.max_total_tokens),
-                "--max-running-requests", str(self.max_running_requests), "--random-seed", str(self.seed)]
+        args = [
+            "--dtype",
+            self.dtype,
+            "--max-total-tokens",
+            str(self.max_total_tokens),
+            "--max-running-requests",
+            str(self.max_running_requests),
+            "--random-seed",
+            str(self.seed),
+        ]
         for k, v in self.extra_engine_kwargs.items():
             args += [f"--{k.replace('_', '-')}", str(v)]
         return args
@@ -124,19 +136,35 @@ def run_offline(workload: Workload, config: ABConfig, common: Common, workdir: P
     write_workload_file(workload, wl_path)
     for p in (trace_path, out_path):
         p.unlink(missing_ok=True)
-    spec = {"engine_kwargs": {**common.engine_kwargs(), **config.engine_kwargs()}, "workload": str(wl_path),
-            "out": str(out_path), "desc": config.name}
+    spec = {
+        "engine_kwargs": {**common.engine_kwargs(), **config.engine_kwargs()},
+        "workload": str(wl_path),
+        "out": str(out_path),
+        "desc": config.name,
+    }
     spec_path = workdir / f"{stem}.spec.json"
     spec_path.write_text(json.dumps(spec))
-    progress_fd = os.dup(sys.stderr.fileno())  # the progress bar to our terminal, the rest to the log
-    env = {**os.environ, **common.env(), TRACE_ENV: str(trace_path), "FEATHER_AB_PROGRESS_FD": str(progress_fd)}
+    progress_fd = os.dup(
+        sys.stderr.fileno()
+    )  # the progress bar to our terminal, the rest to the log
+    env = {
+        **os.environ,
+        **common.env(),
+        TRACE_ENV: str(trace_path),
+        "FEATHER_AB_PROGRESS_FD": str(progress_fd),
+    }
     try:
         with open(log_path, "w") as log:
             # its own process group, so that an interrupted comparison also stops the engine's
             # scheduler and detokenizer processes instead of leaving them running
-            proc = subprocess.Popen([sys.executable, "-m", "feather_sglang.ab.worker", str(spec_path)], env=env,
-                                    stdout=log, stderr=subprocess.STDOUT, pass_fds=(progress_fd,),
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "feather_bench.ab.worker", str(spec_path)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(progress_fd,),
+                start_new_session=True,
+            )
             try:
                 proc.wait()
             except BaseException:
@@ -146,28 +174,47 @@ def run_offline(workload: Workload, config: ABConfig, common: Common, workdir: P
     finally:
         os.close(progress_fd)
     if proc.returncode != 0 or not out_path.exists():
-        raise RuntimeError(f"{config.name}: the engine run failed (exit code {proc.returncode}); see {log_path}")
+        raise RuntimeError(
+            f"{config.name}: the engine run failed (exit code {proc.returncode}); see {log_path}"
+        )
     out = json.loads(out_path.read_text())
     records = [RequestRecord(**r) for r in out["records"]]
-    return RunResult(config, records, out["makespan_s"], _trace_after(trace_path, out["start_monotonic"]), str(log_path))
+    return RunResult(
+        config,
+        records,
+        out["makespan_s"],
+        _trace_after(trace_path, out["start_monotonic"]),
+        str(log_path),
+    )
 
 
 def run_online(workload: Workload, config: ABConfig, common: Common, workdir: Path) -> RunResult:
     """One configuration through a real ``sglang.launch_server`` over HTTP."""
     import requests
 
-    from feather_sglang.ab.client import drive_server
-    from feather_sglang.tools.server import SGLangServer
+    from feather_bench.ab.client import drive_server
+    from feather_bench.tools.server import SGLangServer
 
     workdir.mkdir(parents=True, exist_ok=True)
     stem = config.file_stem
     trace_path, log_path = workdir / f"{stem}.trace.jsonl", workdir / f"{stem}.server.log"
     trace_path.unlink(missing_ok=True)
-    server = SGLangServer(common.model_path, config.policy, [*common.server_args(), *config.server_args()],
-                          log_path=log_path, env={**common.env(), TRACE_ENV: str(trace_path)})
+    server = SGLangServer(
+        common.model_path,
+        config.policy,
+        [*common.server_args(), *config.server_args()],
+        log_path=log_path,
+        env={**common.env(), TRACE_ENV: str(trace_path)},
+    )
     with server:
-        r = requests.post(server.url + "/generate", json={
-            "input_ids": warmup_ids(workload), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, timeout=600)
+        r = requests.post(
+            server.url + "/generate",
+            json={
+                "input_ids": warmup_ids(workload),
+                "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+            },
+            timeout=600,
+        )
         r.raise_for_status()
         flush_cache(server.url)
         start = time.monotonic()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from feather_sglang.ab.metrics import COLUMNS
-from feather_sglang.tools.workload import Output, compare_greedy
+from feather_bench.ab.metrics import COLUMNS
+from feather_bench.tools.workload import Output, compare_greedy
 
 
 def check_greedy(outputs: dict) -> list[str]:
@@ -22,7 +22,10 @@ def check_greedy(outputs: dict) -> list[str]:
     ref = as_outputs(outputs[configs[0]])
     problems = []
     for c in configs[1:]:
-        problems += [f"{c.name} vs {configs[0].name}: {p}" for p in compare_greedy(ref, as_outputs(outputs[c]))]
+        problems += [
+            f"{c.name} vs {configs[0].name}: {p}"
+            for p in compare_greedy(ref, as_outputs(outputs[c]))
+        ]
     return problems
 
 
@@ -34,24 +37,41 @@ def _row(rows, policy, backend) -> Optional[dict]:
 def summary(rows: list[dict], baseline_policies) -> dict:
     """Feather's best configuration against the best of SGLang's own policies (on torch_native,
     SGLang's CPU backend, where it was run), plus the ratios that separate policy from backend."""
-    base_backend = "torch_native" if any(r["attention_backend"] == "torch_native" for r in rows) else rows[0]["attention_backend"]
-    baselines = [r for r in rows if r["policy"] in baseline_policies and r["attention_backend"] == base_backend]
+    base_backend = (
+        "torch_native"
+        if any(r["attention_backend"] == "torch_native" for r in rows)
+        else rows[0]["attention_backend"]
+    )
+    baselines = [
+        r
+        for r in rows
+        if r["policy"] in baseline_policies and r["attention_backend"] == base_backend
+    ]
     feathers = [r for r in rows if r["policy"] == "feather"]
     out: dict = {"baseline_backend": base_backend}
     if not baselines or not feathers:
         return {**out, "speedup_vs_best_baseline": None, "best_baseline": None}
     best = max(baselines, key=lambda r: r["output_tok_s"])
     top = max(feathers, key=lambda r: r["output_tok_s"])
-    out.update(best_baseline=best["config"], best_feather=top["config"],
-               speedup_vs_best_baseline=top["output_tok_s"] / best["output_tok_s"])
+    out.update(
+        best_baseline=best["config"],
+        best_feather=top["config"],
+        speedup_vs_best_baseline=top["output_tok_s"] / best["output_tok_s"],
+    )
     # What a faster attention backend could still give feather's best: its time with every
     # second of attention removed (the rest, matmuls and runtime, no attention kernel changes).
     if top.get("attention_s") and top["makespan_s"] > top["attention_s"]:
         rest = top["makespan_s"] - top["attention_s"]
         out["attention_fraction_of_best_feather"] = top["attention_fraction"]
-        out["speedup_bound_if_attention_were_free"] = top["output_tokens"] / rest / best["output_tok_s"]
+        out["speedup_bound_if_attention_were_free"] = (
+            top["output_tokens"] / rest / best["output_tok_s"]
+        )
     # the policy alone: feather vs the best baseline policy on the same attention backend
-    same = [r for r in rows if r["policy"] in baseline_policies and r["attention_backend"] == top["attention_backend"]]
+    same = [
+        r
+        for r in rows
+        if r["policy"] in baseline_policies and r["attention_backend"] == top["attention_backend"]
+    ]
     if same:
         b = max(same, key=lambda r: r["output_tok_s"])
         out["policy_speedup_same_backend"] = top["output_tok_s"] / b["output_tok_s"]
@@ -69,17 +89,25 @@ def summary(rows: list[dict], baseline_policies) -> dict:
 def summary_text(s: dict) -> str:
     if s.get("speedup_vs_best_baseline") is None:
         return "summary: needs feather and at least one of fcfs/lpm/dfs-weight to compare"
-    lines = [f"feather's best ({s['best_feather']}) vs the best baseline ({s['best_baseline']}): "
-             f"{s['speedup_vs_best_baseline']:.2f}x output throughput"]
+    lines = [
+        f"feather's best ({s['best_feather']}) vs the best baseline ({s['best_baseline']}): "
+        f"{s['speedup_vs_best_baseline']:.2f}x output throughput"
+    ]
     if "speedup_bound_if_attention_were_free" in s:
-        lines.append(f"attention is {s['attention_fraction_of_best_feather']:.1%} of its step time; with attention "
-                     f"free it would be {s['speedup_bound_if_attention_were_free']:.2f}x")
+        lines.append(
+            f"attention is {s['attention_fraction_of_best_feather']:.1%} of its step time; with attention "
+            f"free it would be {s['speedup_bound_if_attention_were_free']:.2f}x"
+        )
     if "policy_speedup_same_backend" in s:
-        lines.append(f"policy alone, same backend (vs {s['policy_speedup_same_backend_vs']}): "
-                     f"{s['policy_speedup_same_backend']:.2f}x")
+        lines.append(
+            f"policy alone, same backend (vs {s['policy_speedup_same_backend_vs']}): "
+            f"{s['policy_speedup_same_backend']:.2f}x"
+        )
     if "ttft_p99_vs_fcfs_same_backend" in s:
-        lines.append(f"vs fcfs on the same backend: {s['output_tok_s_vs_fcfs_same_backend']:.2f}x throughput, "
-                     f"TTFT p99 {s['ttft_p99_vs_fcfs_same_backend']:.2f}x")
+        lines.append(
+            f"vs fcfs on the same backend: {s['output_tok_s_vs_fcfs_same_backend']:.2f}x throughput, "
+            f"TTFT p99 {s['ttft_p99_vs_fcfs_same_backend']:.2f}x"
+        )
     return "\n".join(lines)
 
 
@@ -87,7 +115,12 @@ def table(rows: list[dict]) -> str:
     headers = ["configuration"] + [h for _, h, _ in COLUMNS]
     body = [[r["config"]] + [fmt.format(r[k]) for k, _, fmt in COLUMNS] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(headers, *body)]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+
+    def line(cells):
+        return "  ".join(
+            c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        )
+
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, body)])
 
 
@@ -106,19 +139,26 @@ def chart(result: dict, path: Path) -> None:
     rows = result["rows"]
     names = [r["config"].replace(" + ", "\n+ ") for r in rows]
     colours = ["#d95f02" if r["policy"] == "feather" else "#7570b3" for r in rows]
-    panels = [("output_tok_s", "output tokens/s (higher is better)"), ("ttft_p99_s", "TTFT p99, s (lower is better)"),
-              ("mean_groups_per_decode", "prefix groups per decode step (lower: more homogeneous)")]
+    panels = [
+        ("output_tok_s", "output tokens/s (higher is better)"),
+        ("ttft_p99_s", "TTFT p99, s (lower is better)"),
+        ("mean_groups_per_decode", "prefix groups per decode step (lower: more homogeneous)"),
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 5.0))
     for ax, (key, title) in zip(axes, panels):
         vals = [r[key] for r in rows]
         bars = ax.bar(range(len(rows)), vals, color=colours)
-        ax.set_xticks(range(len(rows)), names, fontsize=7, rotation=40, ha="right", rotation_mode="anchor")
+        ax.set_xticks(
+            range(len(rows)), names, fontsize=7, rotation=40, ha="right", rotation_mode="anchor"
+        )
         ax.set_title(title, fontsize=9)
         ax.bar_label(bars, fmt=_bar_label, fontsize=7)
     w, m = result["workload"], result["machine"]
     s = result["summary"]
-    head = f"feather-ab: {w['name']} ({w['requests']} requests, {w['prompt_tokens']} prompt tokens), " \
-           f"{result['common']['model']}, {result['common']['mode']}"
+    head = (
+        f"feather-ab: {w['name']} ({w['requests']} requests, {w['prompt_tokens']} prompt tokens), "
+        f"{result['common']['model']}, {result['common']['mode']}"
+    )
     if s.get("speedup_vs_best_baseline"):
         head += f" - feather {s['speedup_vs_best_baseline']:.2f}x the best baseline"
     fig.suptitle(head + f"\n{m['cpu']}, {m['cores']} cores, {result['date'][:10]}", fontsize=10)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import requests
 
-
 READY_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
 
@@ -57,7 +56,11 @@ class SGLangServer:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready_timeout_s = ready_timeout_s
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
+        self.log_path = (
+            Path(log_path)
+            if log_path
+            else Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
+        )
         if launcher == "launch_server":
             command = [sys.executable, "-m", "sglang.launch_server"]
         elif launcher == "serve":  # the `sglang` console script next to this interpreter
@@ -66,9 +69,14 @@ class SGLangServer:
             raise ValueError(f"launcher must be 'launch_server' or 'serve', got {launcher!r}")
         args = [
             *command,
-            "--model-path", self.model_path,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--schedule-policy", schedule_policy,
+            "--model-path",
+            self.model_path,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--schedule-policy",
+            schedule_policy,
             *extra_args,
         ]
         self.args = args
@@ -81,12 +89,18 @@ class SGLangServer:
     def start(self) -> "SGLangServer":
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
         )
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerError(f"server exited with code {self.proc.returncode} during start-up:\n{self.log_tail()}")
+                raise ServerError(
+                    f"server exited with code {self.proc.returncode} during start-up:\n{self.log_tail()}"
+                )
             try:
                 if requests.get(self.url + "/health_generate", timeout=30).status_code == 200:
                     return self
@@ -94,7 +108,9 @@ class SGLangServer:
                 pass
             time.sleep(1.0)
         self.stop()
-        raise ServerError(f"server not healthy after {self.ready_timeout_s:.0f} s:\n{self.log_tail()}")
+        raise ServerError(
+            f"server not healthy after {self.ready_timeout_s:.0f} s:\n{self.log_tail()}"
+        )
 
     def stop(self) -> int:
         """SIGTERM to the launcher (SGLang then stops its own subprocesses); if anything of the

@@ -1,1 +1,0 @@
-"""Benchmarks of feather against SGLang's own code (run through ``scripts/``)."""

@@ -1,0 +1,67 @@
+"""What a feather option is: a dataclass field carrying its check and its help, and the checks.
+
+The configuration (:mod:`feather_sglang.config`) and every agent that has settings of its own
+(:attr:`feather_sglang.agents.base.StopAddAgent.options`) declare their options with :func:`opt`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import field
+from typing import Any, Callable
+
+
+class FeatherConfigError(ValueError):
+    """A feather option has a value feather cannot run with; the message says what is allowed."""
+
+
+def flag(name: str) -> str:
+    return "--feather-" + name.replace("_", "-")
+
+
+def int_at_least(low: int) -> Callable[[str, Any], int]:
+    def check(name: str, value: Any) -> int:
+        try:
+            as_int = int(value)
+            if isinstance(value, float) and value != as_int:
+                raise ValueError
+            if isinstance(value, bool):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise FeatherConfigError(
+                f"{flag(name)} must be an integer >= {low}, got {value!r}"
+            ) from None
+        if as_int < low:
+            raise FeatherConfigError(f"{flag(name)} must be an integer >= {low}, got {as_int}")
+        return as_int
+
+    return check
+
+
+def positive_seconds(name: str, value: Any) -> float:
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        raise FeatherConfigError(
+            f"{flag(name)} must be a number of seconds > 0 (or 'inf' to disable), got {value!r}"
+        ) from None
+    if math.isnan(as_float) or as_float <= 0:
+        raise FeatherConfigError(
+            f"{flag(name)} must be a number of seconds > 0 (or 'inf' to disable), got {value!r}"
+        )
+    return as_float
+
+
+def boolean(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise FeatherConfigError(f"{flag(name)} must be true or false, got {value!r}")
+
+
+def opt(default, check, help: str):
+    return field(default=default, metadata={"check": check, "help": help})
