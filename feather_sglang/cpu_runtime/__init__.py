@@ -97,7 +97,48 @@ def server_defaults(values: dict) -> dict:
         changes["disable_overlap_schedule"] = True  # overlap on: 6.6 tok/s, off: 92 tok/s
     if values.get("dtype") in (None, "auto"):
         changes["dtype"] = fastest_cpu_dtype()
+    ranks = _ranks(values)
+    if ranks > 1:
+        # SGLang binds each rank to a NUMA node unless told which cores each rank takes, and
+        # cannot then size each rank's KV pool from the memory it has: split the cores, and
+        # give each rank a fixed pool.
+        if not os.environ.get(THREADS_BIND_ENV):
+            binding = threads_binding(ranks, sorted(os.sched_getaffinity(0)))
+            if binding:
+                os.environ[THREADS_BIND_ENV] = binding
+                changes[THREADS_BIND_ENV] = binding
+        if values.get("max_total_tokens") is None:
+            changes["max_total_tokens"] = MULTI_RANK_KV_TOKENS
     return changes
+
+
+THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+MULTI_RANK_KV_TOKENS = 65536  # KV tokens per rank when several share the host (a few GB)
+
+
+def _ranks(values: dict) -> int:
+    ranks = 1
+    for name in ("dp_size", "tp_size", "pp_size"):
+        ranks *= int(values.get(name) or 1)
+    return ranks
+
+
+def threads_binding(ranks: int, cores: list[int]) -> str | None:
+    """SGLang's per-rank core binding (``0-3|4-7``): ``cores`` split evenly among ``ranks``,
+    or None when there are fewer cores than ranks."""
+    if ranks < 2 or len(cores) < ranks:
+        return None
+    per = len(cores) // ranks
+    groups = [cores[i * per : (i + 1) * per] for i in range(ranks)]
+    return "|".join(_core_list(group) for group in groups)
+
+
+def _core_list(cores: list[int]) -> str:
+    if len(cores) == 1:
+        return str(cores[0])
+    if cores[-1] - cores[0] == len(cores) - 1:
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(str(c) for c in cores)
 
 
 def gpu_present() -> bool:

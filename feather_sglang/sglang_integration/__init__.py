@@ -83,7 +83,7 @@ def install_hooks() -> None:
     _installed = True
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from feather_sglang.sglang_integration import args, policy
+    from feather_sglang.sglang_integration import args, dp_routing, policy
 
     try:
         import sglang
@@ -120,6 +120,11 @@ def install_hooks() -> None:
         add_attention_backend_choices([ATTENTION_BACKEND_NAME])
     after_import("sglang.srt.layers.attention.attention_registry", _register_attention_backend)
     reg(f"{_SCHED}.SchedulePolicy", policy.FeatherSchedulePolicy, HookType.REPLACE)
+    reg(
+        "sglang.srt.managers.data_parallel_controller.DataParallelController.__init__",
+        dp_routing.data_parallel_controller_init_around,
+        HookType.AROUND,
+    )
     reg(
         f"{_SCHED}.Scheduler.init_schedule_policy",
         policy.init_schedule_policy_after,

@@ -20,6 +20,7 @@ from feather_sglang.sglang_integration.names import (  # noqa: F401 (feather_con
     ATTENTION_BACKEND_NAME,
     CONFIG_ATTR,
     POLICY_NAME,
+    PREFIX_GROUP,
     SGLANG_VERSION,
     built_in_version,
     feather_config_of,
@@ -67,6 +68,13 @@ def add_cli_args_after(result, parser: argparse.ArgumentParser):
                 " 'feather' (feather-sglang plugin): admits the waiting requests that keep the"
                 " running batch's shared prefix deepest (chunked hash tree + stop/add agent)."
             )
+        if "--load-balance-method" in action.option_strings and action.choices is not None:
+            if PREFIX_GROUP not in action.choices:
+                action.choices = list(action.choices) + [PREFIX_GROUP]
+            action.help = (action.help or "") + (
+                f" '{PREFIX_GROUP}' (feather-sglang plugin): a request goes to the worker that"
+                " already serves its prefix group, while loads stay within bounds."
+            )
     if any(a.dest == "feather_chunk_size" for a in parser._actions):
         return result  # already added (parsers are built more than once in some paths)
     group = parser.add_argument_group(
@@ -107,12 +115,22 @@ def from_cli_args_after(result, cls, args: argparse.Namespace):
             result.schedule_policy,
         )
     for name, value in _cpu_defaults({k: getattr(result, k) for k in _CPU_FIELDS}).items():
-        setattr(result, name, value)
+        if name.islower():  # a ServerArgs field (an environment variable is set already)
+            setattr(result, name, value)
     _attach(result, config)
     return result
 
 
-_CPU_FIELDS = ("device", "attention_backend", "disable_overlap_schedule", "dtype")
+_CPU_FIELDS = (
+    "device",
+    "attention_backend",
+    "disable_overlap_schedule",
+    "dtype",
+    "dp_size",
+    "tp_size",
+    "pp_size",
+    "max_total_tokens",
+)
 
 
 def startup_refusals(server_args, check_hooks: bool = False) -> list[str]:
@@ -183,7 +201,8 @@ def make_engine_server_args_factory(server_args_class):
                 ", ".join(feather_kwargs),
                 kwargs.get("schedule_policy", "fcfs"),
             )
-        kwargs.update(_cpu_defaults({k: kwargs.get(k) for k in _CPU_FIELDS}))
+        changes = _cpu_defaults({k: kwargs.get(k) for k in _CPU_FIELDS})
+        kwargs.update({k: v for k, v in changes.items() if k.islower()})
         server_args = server_args_class(**kwargs)
         problems = startup_refusals(server_args, check_hooks=True)
         if problems:

@@ -8,6 +8,7 @@ from feather_sglang.config import FeatherConfig
 SGLANG_VERSION = "0.5.23"
 POLICY_NAME = "feather"  # --schedule-policy feather
 ATTENTION_BACKEND_NAME = "feather"  # --attention-backend feather
+PREFIX_GROUP = "prefix_group"  # --load-balance-method prefix_group (data-parallel routing)
 CONFIG_ATTR = "_feather_config"  # the FeatherConfig's attribute on ServerArgs
 
 
