@@ -374,29 +374,49 @@ def grid(groups=GROUPS, prefixes=PREFIXES, backends=("prefix_shared", "per_reque
 
 
 def table(rows: list[dict], routers: list[str]) -> str:
-    """A markdown table: per shape and worker count, each router's throughput, and the others'
-    over round robin's; spread, prefix tokens over the once-per-cluster minimum and groups per
-    decode batch, per router."""
+    """A markdown table, one line per shape and worker count: round robin's throughput, the other
+    routers' over it, and per router (in ``routers``' order) the prefix tokens prefilled over the
+    minimum (each group's prefix once in the cluster), the prefix groups in a mean decode batch
+    and the spread of requests per worker (max / min - 1)."""
     by = {(r["shape"], r["workers"], r["router"]): r for r in rows}
     keys = sorted({(r["backend"], r["groups"], r["prefix_len"], r["shape"], r["workers"]) for r in rows})
-    others = [r for r in routers if r != "round_robin"]
-    head = (["backend", "groups", "prefix", "N"] + [f"{r} tok/s" for r in routers]
-            + [f"{r} / rr" for r in others if "round_robin" in routers]
-            + [f"{r} spread" for r in routers] + [f"{r} prefill x" for r in routers]
-            + [f"{r} groups/batch" for r in routers])
+    base = "round_robin" if "round_robin" in routers else routers[0]
+    others = [r for r in routers if r != base]
+    short = "/".join(_SHORT.get(r, r) for r in routers)
+    head = (["backend", "groups", "prefix", "N", f"{_SHORT.get(base, base)} tok/s"]
+            + [f"{_SHORT.get(r, r)} / {_SHORT.get(base, base)}" for r in others]
+            + [f"prefill x ({short})", f"groups/batch ({short})", f"spread ({short})"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for backend, g, p, name, n in keys:
         cells = [by.get((name, n, r)) for r in routers]
         if any(c is None for c in cells):
             continue
-        rr = by.get((name, n, "round_robin"))
-        row = [backend, str(g), str(p), str(n)] + [f"{c['throughput']:.1f}" for c in cells]
-        if rr is not None:
-            row += [f"{by[(name, n, r)]['throughput'] / rr['throughput']:.2f}" for r in others]
-        row += [f"{c['spread']:.2f}" if c["spread"] is not None else f"{c['idle_workers']} idle" for c in cells]
-        row += [f"{c['prefix_tokens'] / c['prefix_tokens_once']:.1f}" for c in cells]
-        row += [f"{c['groups_per_batch']:.1f}" for c in cells]
+        ref = by[(name, n, base)]["throughput"]
+        row = [backend, str(g), str(p), str(n), f"{ref:.1f}"]
+        row += [f"{by[(name, n, r)]['throughput'] / ref:.2f}" for r in others]
+        row.append(" / ".join(f"{c['prefix_tokens'] / c['prefix_tokens_once']:.1f}" for c in cells))
+        row.append(" / ".join(f"{c['groups_per_batch']:.1f}" for c in cells))
+        row.append(" / ".join(f"{c['spread']:.2f}" if c["spread"] is not None else f"{c['idle_workers']} idle"
+                              for c in cells))
         lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+_SHORT = {"round_robin": "rr", "prefix_group": "pg", "cache_aware": "ca"}
+
+
+def summary_table(summ: dict) -> str:
+    """The summary as a markdown table: backend and worker count down, routers across."""
+    cols = sorted({k.split("/")[0] for k in summ})
+    rows = sorted({(k.split("/")[1], int(k.split("N=")[1])) for k in summ})
+    lines = ["| backend | N | " + " | ".join(f"{c} / rr: geomean (min-max)" for c in cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    for backend, n in rows:
+        cells = []
+        for c in cols:
+            v = summ.get(f"{c}/{backend}/N={n}")
+            cells.append("" if v is None else f"{v['geomean']:.2f} ({v['min']:.2f}-{v['max']:.2f})")
+        lines.append(f"| {backend} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -439,7 +459,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="Poisson arrivals at this fraction of the cluster's capacity (default: all at once)")
     ap.add_argument("--seeds", type=_ints, default=(0,), help="workload seeds (default %(default)s)")
     ap.add_argument("--costs", type=Path, default=DEFAULT_CALIBRATION, help="step-cost calibration JSON")
+    ap.add_argument("--from-json", type=Path, help="print the tables of a written projection, run nothing")
     args = ap.parse_args(argv)
+    if args.from_json:
+        import json
+
+        data = json.loads(args.from_json.read_text())
+        routers = list(dict.fromkeys(r["router"] for r in data["rows"]))
+        print(summary_table(data["summary"]) + "\n\n" + table(data["rows"], routers))
+        return 0
     routers = [r for r in args.routers.split(",") if r]
     for r in routers:
         if r not in ROUTERS:
@@ -458,10 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.seeds) > 1:  # one row per (shape, workers, router): throughput averaged over seeds
         rows = _mean_over_seeds(rows)
     text = table(rows, routers)
-    print(text)
     summ = summary(rows, routers)
-    for k, v in summ.items():
-        print(f"{k}: {v['geomean']:.2f}x round robin (min {v['min']:.2f}, max {v['max']:.2f}, {v['shapes']} shapes)")
+    print(summary_table(summ) + "\n\n" + text)
     if args.json:
         import json
 

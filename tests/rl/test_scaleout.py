@@ -113,4 +113,8 @@ def test_cli_writes_rows_summary_and_provenance(tmp_path, capsys):
     assert {"command", "date", "machine", "git"} <= set(data["provenance"])
     assert data["provenance"]["costs_provenance"]["command"].startswith("python -m feather_rl.calibrate")
     assert "prefix_group/per_request/N=2" in data["summary"]
-    assert "| per_request | 2 | 256 | 2 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| per_request | 2 | 256 | 2 |" in printed  # the table
+    assert "| per_request | 2 | 1." in printed or "| per_request | 2 | 0." in printed  # the summary
+    assert scaleout.main(["--from-json", str(out)]) == 0
+    assert capsys.readouterr().out == printed
