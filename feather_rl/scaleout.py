@@ -493,11 +493,19 @@ def main(argv: list[str] | None = None) -> int:
 
         calibration = json.loads(Path(args.costs).read_text()).get("provenance")
         out = {"rows": rows, "summary": summ, "table": text,
-               "provenance": provenance.record(seconds=round(time.time() - started, 1), costs=str(args.costs),
+               "provenance": provenance.record(seconds=round(time.time() - started, 1), costs=_repo_path(args.costs),
                                                costs_provenance=calibration)}
         provenance.write_json(args.json, out)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
+
+
+def _repo_path(path: Path) -> str:
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        return str(Path(path).resolve().relative_to(repo))
+    except ValueError:
+        return str(path)
 
 
 def _mean_over_seeds(rows: list[dict]) -> list[dict]:
