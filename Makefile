@@ -108,3 +108,9 @@ eval: setup
 
 record: setup
 	OMP_NUM_THREADS=1 .venv/bin/feather-record $(RECORD_ARGS)
+
+# Data-parallel scale-out projected in the simulator: routers x 4-64 workers (docs/scale-out.md)
+.PHONY: bench-scaleout-sim
+SCALEOUT_ARGS ?=
+bench-scaleout-sim: setup
+	OMP_NUM_THREADS=1 $(PYTHON) -m feather_rl.scaleout --json results/scaleout/projection.json $(SCALEOUT_ARGS)
