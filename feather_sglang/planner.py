@@ -357,6 +357,29 @@ class AdmissionPlanner:
         return stats
 
 
+class SharedClock:
+    """The planner's clock for tensor-parallel ranks: the time of the current pass as the shard's
+    first rank read it, so that the starvation bound decides alike on every rank.
+
+    ``tick()`` runs at start-up and once per pass on every rank (requests enqueued between two
+    passes get the earlier pass's time); ``broadcast([value])`` returns the first rank's
+    ``[value]`` (SGLang's ``attn_cp_tp_broadcast_pyobj``, the broadcast the scheduler uses for
+    each pass's requests).
+    """
+
+    def __init__(
+        self, broadcast: Callable[[list], list], local: Callable[[], float] = time.monotonic
+    ):
+        self.broadcast, self.local = broadcast, local
+        self.tick()  # every rank builds its clock at the same point of start-up
+
+    def tick(self) -> None:
+        self.now = self.broadcast([self.local()])[0]
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def _headroom(free: int | None, capacity: int | None, planned_tokens: int) -> float:
     """Fraction of the KV capacity still free once this pass's picks so far are counted."""
     if free is None or not capacity:

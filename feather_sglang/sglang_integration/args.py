@@ -102,7 +102,7 @@ def from_cli_args_after(result, cls, args: argparse.Namespace):
     except FeatherConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    problems = startup_refusals(result, check_hooks=True)
+    problems = startup_refusals(result, check_hooks=True, config=config)
     if problems:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -133,11 +133,14 @@ _CPU_FIELDS = (
 )
 
 
-def startup_refusals(server_args, check_hooks: bool = False) -> list[str]:
+def startup_refusals(
+    server_args, check_hooks: bool = False, config: FeatherConfig | None = None
+) -> list[str]:
     """Everything about ``server_args`` feather refuses to start with (see ``refusals``)."""
     problems = []
     if getattr(server_args, "schedule_policy", None) == POLICY_NAME:
-        problems += refusals.policy_refusals(server_args)
+        config = config or feather_config_of(server_args)
+        problems += refusals.policy_refusals(server_args, config.agent)
         if check_hooks and not _built_in():
             missing = refusals.missing_hooks()
             if missing:
@@ -204,7 +207,7 @@ def make_engine_server_args_factory(server_args_class):
         changes = _cpu_defaults({k: kwargs.get(k) for k in _CPU_FIELDS})
         kwargs.update({k: v for k, v in changes.items() if k.islower()})
         server_args = server_args_class(**kwargs)
-        problems = startup_refusals(server_args, check_hooks=True)
+        problems = startup_refusals(server_args, check_hooks=True, config=config)
         if problems:
             raise FeatherConfigError("; ".join(problems))
         _cuda_graphs_off_for_feather_backend(server_args)

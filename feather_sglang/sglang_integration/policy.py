@@ -31,7 +31,7 @@ from sglang.srt.mem_cache.common import match_kv_cache
 
 from feather_sglang.agents import ServerShape
 from feather_sglang.cht import RequestState
-from feather_sglang.planner import AdmissionPlanner
+from feather_sglang.planner import AdmissionPlanner, SharedClock
 from feather_sglang.sglang_integration import trace
 from feather_sglang.sglang_integration.faults import FaultLog
 from feather_sglang.sglang_integration.names import (
@@ -91,6 +91,7 @@ class FeatherState:
         self.scheduler = None
         self.planner: Optional[AdmissionPlanner] = None
         self.reqs: dict = {}  # rid -> Req for requests the planner tracks
+        self.rank_clock: Optional[SharedClock] = None  # tensor parallelism: rank 0's clock
         self.plan_rids: frozenset = frozenset()
         # Where each waiting request sits in SGLang's waiting queue, as ``index + _slot_base``:
         # a pass moves its plan to the front by swaps, SGLang then drops the admitted from the
@@ -121,7 +122,14 @@ class FeatherState:
     def attach(self, scheduler) -> None:
         config = feather_config_of(scheduler.server_args)
         self.scheduler = scheduler
-        self.planner = AdmissionPlanner(config)
+        # Tensor-parallel ranks must admit alike: the starvation bound reads the first rank's
+        # clock, broadcast once per pass (the agents allowed there use no step times).
+        self.rank_clock = None
+        if (getattr(scheduler.server_args, "tp_size", 1) or 1) > 1:
+            from sglang.srt.distributed.communication_op import attn_cp_tp_broadcast_pyobj
+
+            self.rank_clock = SharedClock(attn_cp_tp_broadcast_pyobj)
+        self.planner = AdmissionPlanner(config, clock=self.rank_clock or time.monotonic)
         self.radix_enabled = not getattr(self.tree_cache, "disable", True)
         if not self.radix_enabled:
             logger.warning(
@@ -184,7 +192,7 @@ class FeatherState:
         restarts for the requests waiting now."""
         self.faults.check("rebuild")
         agent = self.planner.agent
-        self.planner = AdmissionPlanner(self.planner.config)
+        self.planner = AdmissionPlanner(self.planner.config, clock=self.planner.clock)
         self.planner.agent = agent
         self.reqs, self.plan_rids = {}, frozenset()
         self._slot, self._slot_base, self._shift, self._synced_running = {}, 0, 0, None
@@ -254,6 +262,8 @@ class FeatherState:
     # ---- one pass ------------------------------------------------------------------------
     def order(self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]) -> None:
         start = time.perf_counter()
+        if self.rank_clock is not None:
+            self.rank_clock.tick()
         planner, scheduler, reqs = self.planner, self.scheduler, self.reqs
         if running_batch is None:
             # Only SGLang's diffusion-LM path calls without a batch: keep what the CHT knows.

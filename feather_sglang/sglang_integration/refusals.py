@@ -22,9 +22,22 @@ POLICY_TARGETS = (  # the scheduler seams the feather policy needs (see install_
 )
 
 
-def policy_refusals(server_args) -> list[str]:
-    """Why ``--schedule-policy feather`` cannot run with these arguments (empty: it can)."""
+# Agents whose decisions do not depend on step times a rank measures on its own clock: the only
+# ones every tensor-parallel rank is sure to take alike.
+RANK_SAFE_AGENTS = ("admit", "static")
+
+
+def policy_refusals(server_args, agent: str | None = None) -> list[str]:
+    """Why ``--schedule-policy feather`` cannot run with these arguments and ``agent``
+    (``--feather-agent``) (empty: it can)."""
     out = []
+    tp = getattr(server_args, "tp_size", 1) or 1
+    if tp > 1 and agent is not None and agent.split(":")[0] not in RANK_SAFE_AGENTS:
+        out.append(
+            f"--feather-agent {agent} learns from the step times each tensor-parallel rank measures on "
+            f"its own clock, so with --tp-size {server_args.tp_size} the ranks could admit different "
+            f"batches; allowed with --tp-size > 1: {', '.join(RANK_SAFE_AGENTS)}"
+        )
     if getattr(server_args, "enable_priority_scheduling", False):
         out.append(
             "--schedule-policy feather cannot be combined with --enable-priority-scheduling: feather "
