@@ -1,13 +1,18 @@
 """Send a workload to SGLang (an in-process ``sglang.Engine`` or a server over HTTP), streaming,
-and record per request what a user sees: time to first token, end-to-end latency, the output
-tokens with their top-2 log-probabilities (for the greedy-equality check) and cached tokens."""
+and record per request what a user sees: time to first token, the gaps between later tokens,
+end-to-end latency, the output tokens with their top-2 log-probabilities (for the
+greedy-equality check), cached tokens and, behind ``--dp-size N``, the worker that served it.
+
+Timings follow ``sglang.bench_serving``'s client: TTFT is the time to the first streamed chunk
+that carries output, and a chunk that brings k new tokens after a gap g adds k inter-token
+latencies of g / k each."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Optional, TextIO
 
 from tqdm import tqdm
@@ -26,6 +31,8 @@ class RequestRecord:
     submit_s: float  # seconds from the run's start
     ttft_s: float  # from submission to the first output token
     e2e_s: float  # from submission to the last output token
+    itl_s: list[float] = field(default_factory=list)  # inter-token latencies after the first
+    dp_rank: Optional[int] = None  # the data-parallel worker that served it (--dp-size > 1)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -43,10 +50,17 @@ async def _one(req, stream_fn, t0: float, bar: tqdm) -> RequestRecord:
     submit = time.perf_counter()
     first = None
     last = None
+    itl: list[float] = []
+    seen, most_recent = 0, submit
     async for chunk in stream_fn(req):
-        meta = chunk["meta_info"]
-        if first is None and meta.get("completion_tokens", 0) > 0:
-            first = time.perf_counter()
+        now = time.perf_counter()
+        n = int(chunk["meta_info"].get("completion_tokens", 0))
+        if n > seen:
+            if first is None:
+                first = now
+            else:
+                itl += [(now - most_recent) / (n - seen)] * (n - seen)
+            seen, most_recent = n, now
         last = chunk
     end = time.perf_counter()
     bar.update(1)
@@ -62,6 +76,8 @@ async def _one(req, stream_fn, t0: float, bar: tqdm) -> RequestRecord:
         submit_s=submit - t0,
         ttft_s=(first or end) - submit,
         e2e_s=end - submit,
+        itl_s=itl,
+        dp_rank=meta.get("dp_rank"),
     )
 
 
@@ -141,3 +157,43 @@ async def drive_server(
         timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
     ) as session:
         return await drive(workload, http_stream_fn(url, session), desc)
+
+
+def server_info(url: str, timeout_s: float = 30) -> dict:
+    """The server's configuration as SGLang reports it (``GET /server_info``, or the older
+    ``/get_server_info``)."""
+    import requests
+
+    for path in ("/server_info", "/get_server_info"):
+        r = requests.get(url + path, timeout=timeout_s)
+        if r.status_code != 404:
+            r.raise_for_status()
+            info = r.json()
+            # a disaggregated deployment answers per role; the decode side runs the batches
+            return (
+                info["decode"][0] if "decode" in info and isinstance(info["decode"], list) else info
+            )
+    raise RuntimeError(f"{url} has neither /server_info nor /get_server_info: is it SGLang?")
+
+
+SERVER_INFO_KEYS = (
+    "schedule_policy",
+    "attention_backend",
+    "dp_size",
+    "tp_size",
+    "load_balance_method",
+    "version",
+    "model_path",
+    "served_model_name",
+    "dtype",
+    "max_total_num_tokens",
+    "max_running_requests",
+    "random_seed",
+)
+
+
+def server_summary(info: dict) -> dict:
+    """The fields of ``/server_info`` a comparison is read by (missing ones are None)."""
+    out = {k: info.get(k) for k in SERVER_INFO_KEYS}
+    out["model"] = info.get("served_model_name") or info.get("model_path")
+    return out

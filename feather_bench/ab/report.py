@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 from feather_bench.ab.metrics import COLUMNS
+from feather_bench.ab.runner import DEFAULT_BACKEND
 from feather_bench.tools.workload import Output, compare_greedy
 
 
@@ -31,16 +32,16 @@ def check_greedy(outputs: dict) -> list[str]:
 
 def _row(rows, policy, backend) -> Optional[dict]:
     hits = [r for r in rows if r["policy"] == policy and r["attention_backend"] == backend]
-    return max(hits, key=lambda r: r["output_tok_s"]) if hits else None
+    return max(hits, key=lambda r: r["output_throughput"]) if hits else None
 
 
 def summary(rows: list[dict], baseline_policies) -> dict:
-    """Feather's best configuration against the best of SGLang's own policies (on torch_native,
-    SGLang's CPU backend, where it was run), plus the ratios that separate policy from backend."""
-    base_backend = (
-        "torch_native"
-        if any(r["attention_backend"] == "torch_native" for r in rows)
-        else rows[0]["attention_backend"]
+    """Feather's best configuration against the best of SGLang's own policies on the baseline
+    backend (torch_native, SGLang's CPU backend, or on an accelerator SGLang's own default,
+    where it was run), plus the ratios that separate policy from backend."""
+    backends = [r["attention_backend"] for r in rows]
+    base_backend = next(
+        (b for b in ("torch_native", DEFAULT_BACKEND) if b in backends), backends[0]
     )
     baselines = [
         r
@@ -51,20 +52,20 @@ def summary(rows: list[dict], baseline_policies) -> dict:
     out: dict = {"baseline_backend": base_backend}
     if not baselines or not feathers:
         return {**out, "speedup_vs_best_baseline": None, "best_baseline": None}
-    best = max(baselines, key=lambda r: r["output_tok_s"])
-    top = max(feathers, key=lambda r: r["output_tok_s"])
+    best = max(baselines, key=lambda r: r["output_throughput"])
+    top = max(feathers, key=lambda r: r["output_throughput"])
     out.update(
         best_baseline=best["config"],
         best_feather=top["config"],
-        speedup_vs_best_baseline=top["output_tok_s"] / best["output_tok_s"],
+        speedup_vs_best_baseline=top["output_throughput"] / best["output_throughput"],
     )
     # What a faster attention backend could still give feather's best: its time with every
     # second of attention removed (the rest, matmuls and runtime, no attention kernel changes).
-    if top.get("attention_s") and top["makespan_s"] > top["attention_s"]:
-        rest = top["makespan_s"] - top["attention_s"]
+    if top.get("attention_s") and top["duration"] > top["attention_s"]:
+        rest = top["duration"] - top["attention_s"]
         out["attention_fraction_of_best_feather"] = top["attention_fraction"]
         out["speedup_bound_if_attention_were_free"] = (
-            top["output_tokens"] / rest / best["output_tok_s"]
+            top["total_output_tokens"] / rest / best["output_throughput"]
         )
     # the policy alone: feather vs the best baseline policy on the same attention backend
     same = [
@@ -73,16 +74,18 @@ def summary(rows: list[dict], baseline_policies) -> dict:
         if r["policy"] in baseline_policies and r["attention_backend"] == top["attention_backend"]
     ]
     if same:
-        b = max(same, key=lambda r: r["output_tok_s"])
-        out["policy_speedup_same_backend"] = top["output_tok_s"] / b["output_tok_s"]
+        b = max(same, key=lambda r: r["output_throughput"])
+        out["policy_speedup_same_backend"] = top["output_throughput"] / b["output_throughput"]
         out["policy_speedup_same_backend_vs"] = b["config"]
     fcfs = _row(rows, "fcfs", top["attention_backend"])
     if fcfs:
-        out["output_tok_s_vs_fcfs_same_backend"] = top["output_tok_s"] / fcfs["output_tok_s"]
-        out["ttft_p99_vs_fcfs_same_backend"] = top["ttft_p99_s"] / fcfs["ttft_p99_s"]
+        out["output_throughput_vs_fcfs_same_backend"] = (
+            top["output_throughput"] / fcfs["output_throughput"]
+        )
+        out["ttft_p99_vs_fcfs_same_backend"] = top["p99_ttft_ms"] / fcfs["p99_ttft_ms"]
     fcfs_base = _row(rows, "fcfs", base_backend)
     if fcfs_base:
-        out["ttft_p99_vs_fcfs_" + base_backend] = top["ttft_p99_s"] / fcfs_base["ttft_p99_s"]
+        out["ttft_p99_vs_fcfs_" + base_backend] = top["p99_ttft_ms"] / fcfs_base["p99_ttft_ms"]
     return out
 
 
@@ -105,7 +108,7 @@ def summary_text(s: dict) -> str:
         )
     if "ttft_p99_vs_fcfs_same_backend" in s:
         lines.append(
-            f"vs fcfs on the same backend: {s['output_tok_s_vs_fcfs_same_backend']:.2f}x throughput, "
+            f"vs fcfs on the same backend: {s['output_throughput_vs_fcfs_same_backend']:.2f}x throughput, "
             f"TTFT p99 {s['ttft_p99_vs_fcfs_same_backend']:.2f}x"
         )
     return "\n".join(lines)
@@ -140,8 +143,8 @@ def chart(result: dict, path: Path) -> None:
     names = [r["config"].replace(" + ", "\n+ ") for r in rows]
     colours = ["#d95f02" if r["policy"] == "feather" else "#7570b3" for r in rows]
     panels = [
-        ("output_tok_s", "output tokens/s (higher is better)"),
-        ("ttft_p99_s", "TTFT p99, s (lower is better)"),
+        ("output_throughput", "output tokens/s (higher is better)"),
+        ("p99_ttft_ms", "TTFT p99, ms (lower is better)"),
         ("mean_groups_per_decode", "prefix groups per decode step (lower: more homogeneous)"),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 5.0))

@@ -5,7 +5,9 @@ so that every configuration starts from the same state and nothing of one run (m
 cache, hooks) leaks into the next; online mode starts a real ``sglang.launch_server`` and
 sends the requests over HTTP at their arrival times. Both warm the model up on a short
 unrelated prompt, flush the cache, then send the workload, with ``FEATHER_BATCH_TRACE``
-recording every step (see ``sglang_integration/trace.py``).
+recording every step (see ``sglang_integration/trace.py``). With ``--base-url`` nothing is
+started: the workload goes to a server already running, whose batch trace is read only if the
+caller names its file.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from feather_sglang.sglang_integration.trace import ENV as TRACE_ENV
 from feather_sglang.sglang_integration.trace import read_trace
 
 WARMUP_TOKENS = 32
+# the attention backend named "default": no --attention-backend, SGLang chooses its own
+DEFAULT_BACKEND = "default"
 
 
 @dataclass(frozen=True)
@@ -51,13 +55,17 @@ class ABConfig:
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.name.replace(" + ", "__"))
 
     def engine_kwargs(self) -> dict:
-        kw = {"schedule_policy": self.policy, "attention_backend": self.attention_backend}
+        kw = {"schedule_policy": self.policy}
+        if self.attention_backend != DEFAULT_BACKEND:
+            kw["attention_backend"] = self.attention_backend
         if self.agent:
             kw["feather_agent"] = self.agent
         return kw
 
     def server_args(self) -> list[str]:
-        args = ["--attention-backend", self.attention_backend]
+        args = []
+        if self.attention_backend != DEFAULT_BACKEND:
+            args += ["--attention-backend", self.attention_backend]
         if self.agent:
             args += ["--feather-agent", self.agent]
         return args
@@ -73,7 +81,8 @@ class Common:
     max_running_requests: int = 16
     seed: int = 0
     threads: Optional[int] = None  # OMP_NUM_THREADS of the SGLang processes; None: torch's default
-    extra_engine_kwargs: dict = field(default_factory=dict)
+    extra_engine_kwargs: dict = field(default_factory=dict)  # offline: --server-args, parsed
+    extra_server_args: tuple[str, ...] = ()  # online: --server-args, passed through as given
 
     def env(self) -> dict:
         return {"OMP_NUM_THREADS": str(self.threads)} if self.threads else {}
@@ -100,9 +109,7 @@ class Common:
             "--random-seed",
             str(self.seed),
         ]
-        for k, v in self.extra_engine_kwargs.items():
-            args += [f"--{k.replace('_', '-')}", str(v)]
-        return args
+        return [*args, *self.extra_server_args]
 
 
 @dataclass
@@ -112,6 +119,7 @@ class RunResult:
     makespan_s: float
     trace: list[dict]  # the workload's steps only (warm-up excluded)
     log_path: Optional[str] = None
+    server_info: Optional[dict] = None  # GET /server_info of the server that ran it (online)
 
 
 def warmup_ids(workload: Workload) -> list[int]:
@@ -190,9 +198,8 @@ def run_offline(workload: Workload, config: ABConfig, common: Common, workdir: P
 
 def run_online(workload: Workload, config: ABConfig, common: Common, workdir: Path) -> RunResult:
     """One configuration through a real ``sglang.launch_server`` over HTTP."""
-    import requests
 
-    from feather_bench.ab.client import drive_server
+    from feather_bench.ab.client import drive_server, server_info
     from feather_bench.tools.server import SGLangServer
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -207,19 +214,56 @@ def run_online(workload: Workload, config: ABConfig, common: Common, workdir: Pa
         env={**common.env(), TRACE_ENV: str(trace_path)},
     )
     with server:
-        r = requests.post(
-            server.url + "/generate",
-            json={
-                "input_ids": warmup_ids(workload),
-                "sampling_params": {"max_new_tokens": 4, "temperature": 0},
-            },
-            timeout=600,
-        )
-        r.raise_for_status()
+        warm_up(server.url, workload)
         flush_cache(server.url)
+        info = server_info(server.url)
         start = time.monotonic()
         records, makespan = asyncio.run(drive_server(workload, server.url, config.name))
-    return RunResult(config, records, makespan, _trace_after(trace_path, start), str(log_path))
+    return RunResult(
+        config, records, makespan, _trace_after(trace_path, start), str(log_path), info
+    )
+
+
+def warm_up(url: str, workload: Workload) -> None:
+    """One short request no workload prompt starts with: the first step's one-time costs are
+    then not in the figures, and the cache holds nothing the workload can use."""
+    import requests
+
+    r = requests.post(
+        url + "/generate",
+        json={
+            "input_ids": warmup_ids(workload),
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+        },
+        timeout=600,
+    )
+    r.raise_for_status()
+
+
+def run_base_url(
+    workload: Workload,
+    config: ABConfig,
+    url: str,
+    flush: bool,
+    trace_path: Optional[Path] = None,
+) -> RunResult:
+    """The workload against a server already running at ``url`` (nothing is started or
+    stopped). ``flush``: POST /flush_cache after the warm-up, so the run starts from an empty
+    radix cache; ``trace_path``: the server's ``FEATHER_BATCH_TRACE`` file, if it writes one."""
+    from feather_bench.ab.client import drive_server, server_info
+
+    warm_up(url, workload)
+    if flush:
+        flush_cache(url)
+    info = server_info(url)
+    start = time.monotonic()
+    records, makespan = asyncio.run(drive_server(workload, url, config.name))
+    steps = []
+    if trace_path is not None:
+        # NOTE: the trace may also hold other clients' requests: keep the steps of ours only
+        ours = {r.rid for r in workload.requests}
+        steps = [e for e in _trace_after(trace_path, start) if ours.intersection(e["rids"])]
+    return RunResult(config, records, makespan, steps, None, info)
 
 
 def flush_cache(url: str, wait_s: float = 30.0) -> None:

@@ -71,8 +71,10 @@ def test_metrics_from_records_and_trace():
         },
     ]
     m = compute(RunResult(ABConfig("fcfs", "torch_native"), records, 4.0, trace), workload())
-    assert m["output_tok_s"] == 12 / 4 and m["total_tok_s"] == 312 / 4 and m["requests_s"] == 3 / 4
-    assert m["ttft_p50_s"] == 2.0 and m["e2e_p50_s"] == 3.0 and 3.9 < m["e2e_p99_s"] <= 4.0
+    assert m["output_throughput"] == 12 / 4 and m["total_throughput"] == 312 / 4
+    assert m["request_throughput"] == 3 / 4 and m["duration"] == 4.0 and m["completed"] == 3
+    assert m["median_ttft_ms"] == 2000.0 and m["median_e2e_latency_ms"] == 3000.0
+    assert 3900 < m["p99_e2e_latency_ms"] <= 4000
     assert m["prefill_tokens_logical"] == 300 and m["prefill_tokens_computed"] == 210
     assert m["saving_ratio_r"] == pytest.approx(0.3) and m["cache_hit_rate"] == pytest.approx(0.3)
     assert m["decode_steps"] == 2 and m["mean_decode_batch"] == 2.5
@@ -83,7 +85,9 @@ def test_metrics_from_records_and_trace():
         0.5 / 1.99
     )
     assert (
-        median_of([m, {**m, "output_tok_s": 1.0}, {**m, "output_tok_s": 100.0}])["output_tok_s"]
+        median_of([m, {**m, "output_throughput": 1.0}, {**m, "output_throughput": 100.0}])[
+            "output_throughput"
+        ]
         == 3.0
     )
 
@@ -109,8 +113,8 @@ def row(policy, backend, tok_s, ttft99):
         "policy": policy,
         "attention_backend": backend,
         "config": f"{policy} + {backend}",
-        "output_tok_s": tok_s,
-        "ttft_p99_s": ttft99,
+        "output_throughput": tok_s,
+        "p99_ttft_ms": ttft99,
     }
 
 
@@ -132,15 +136,15 @@ def test_summary_compares_feather_with_the_best_baseline_and_separates_policy_fr
         and s["policy_speedup_same_backend_vs"] == "lpm + feather"
     )
     assert (
-        s["output_tok_s_vs_fcfs_same_backend"] == 30 / 20
+        s["output_throughput_vs_fcfs_same_backend"] == 30 / 20
         and s["ttft_p99_vs_fcfs_same_backend"] == 0.5
     )
     assert s["ttft_p99_vs_fcfs_torch_native"] == 0.25
     assert "speedup_bound_if_attention_were_free" not in s  # no attention timing in these rows
     timed = {
         **rows[-1],
-        "makespan_s": 10.0,
-        "output_tokens": 300,
+        "duration": 10.0,
+        "total_output_tokens": 300,
         "attention_s": 4.0,
         "attention_fraction": 0.4,
     }
