@@ -16,6 +16,9 @@ help:
 	@echo "make ab     - feather-ab on every built-in workload and the example workload file (results/ab/)"
 	@echo "make ab-quick - feather-ab on the example workload file only (a few minutes)"
 	@echo "make patch-check [SGLANG_TREE=dir] - does patches/ apply to that sglang (default: .venv's)? changes nothing"
+	@echo "make bench-dp - 2 data-parallel feather workers: prefix_group vs round_robin routing (results/dp/)"
+	@echo "make bench-abort-storm - a live feather server under 10 cycles of 1,000 requests, 30% of clients giving up (results/reliability/)"
+	@echo "make bench-scaleout-sim - routers x 4-64 workers, projected in the simulator (results/scaleout/)"
 
 setup: env models
 
@@ -114,3 +117,14 @@ record: setup
 SCALEOUT_ARGS ?=
 bench-scaleout-sim: setup
 	OMP_NUM_THREADS=1 $(PYTHON) -m feather_rl.scaleout --json results/scaleout/projection.json $(SCALEOUT_ARGS)
+
+# Two data-parallel feather workers on this host, SGLang's round robin against prefix_group
+# routing, measured with sglang.bench_serving (docs/scale-out.md)
+.PHONY: bench-dp bench-abort-storm
+bench-dp: setup
+	.venv/bin/feather-bench-dp --model models/SmolLM2-135M-Instruct --json results/dp/dp.json
+
+# A live feather server under clients that give up, reused rids and a small queue cap
+# (docs/reliability.md)
+bench-abort-storm: setup
+	.venv/bin/feather-bench-abort-storm --model models/SmolLM2-135M-Instruct --json results/reliability/abort_storm.json
