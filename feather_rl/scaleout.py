@@ -12,11 +12,10 @@ data-parallel controller and sglang-router count. Routers (:data:`ROUTERS`):
 
 - ``round_robin``: worker ``i mod N`` for the i-th request (``--dp-size N``'s default, and
   sglang-router's ``round_robin``). Every group lands on every worker.
-- ``prefix_group``: the request's group key (a hash of its first :data:`KEY_TOKENS` tokens)
-  goes to the least-loaded of the workers the group already uses; a group seen first goes to
-  the least-loaded worker. A worker whose load exceeds both ``load_factor`` (1.25) times the mean
-  and the mean plus ``slack`` (16) requests is passed over, and the least-loaded worker overall joins the group ("consistent hashing with
-  bounded loads"; smg's ``prefix_hash`` policy does this with a hash ring for the home worker).
+- ``prefix_group``: feather's own router, the class SGLang's data-parallel controller runs with
+  ``--load-balance-method prefix_group``: the worker that already serves the request's longest
+  chunk-aligned prefix (at least half the prompt), unless its load exceeds 1.02 times the mean
+  plus 3 requests; then the least-loaded worker ("consistent hashing with bounded loads").
 - ``cache_aware``: a model of sglang-router's / smg's ``cache_aware`` policy: per worker, the
   prompts routed there (their chained chunk hashes, :data:`MATCH_CHUNK` tokens a chunk, standing
   in for the router's approximate character tree, never evicted). While the loads are balanced
@@ -35,7 +34,6 @@ costs: the ratios between routers are the projection, not the absolute tokens/s.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 import sys
 import time
@@ -44,19 +42,26 @@ from pathlib import Path
 
 import numpy as np
 
+from feather_bench.argtypes import ints
 from feather_rl import provenance
-from feather_rl.simulator import DEFAULT_CALIBRATION, VOCAB, Regime, Server, StepCosts, _Request, capacity
+from feather_rl.simulator import (
+    DEFAULT_CALIBRATION,
+    VOCAB,
+    Regime,
+    Server,
+    StepCosts,
+    _Request,
+    capacity,
+)
 from feather_sglang.agents import ServerShape, make_agent
 from feather_sglang.chunk_hash import chunk_hashes
 from feather_sglang.config import FeatherConfig
+from feather_sglang.sglang_integration.dp_routing import PrefixGroupRouter
 
-KEY_TOKENS = 256  # prefix_group's key: the first tokens of the prompt (smg's prefix_token_count)
 MATCH_CHUNK = 64  # cache_aware's match granularity, in tokens
 # smg's command-line defaults for cache_aware (sglang-router's older defaults were 0.5 / 32 / 1.0001);
 # with prefixes of thousands of tokens and 32-token questions any threshold below ~0.9 routes alike
 CACHE_THRESHOLD, BALANCE_ABS, BALANCE_REL = 0.3, 64, 1.5
-LOAD_FACTOR = 1.25  # prefix_group's bound (smg's prefix_hash_load_factor)
-SPILL_SLACK = 16  # ... and the requests above the mean a worker may hold before its group spills
 
 
 # ---- workload -------------------------------------------------------------------------------
@@ -97,21 +102,34 @@ class Shape:
 
     def pool_tokens(self, workers: int) -> int:
         per_worker = math.ceil(self.requests(workers) / workers)
-        return int(self.kv_groups * self.prefix_len) + per_worker * (self.question_len + self.output_max)
+        return int(self.kv_groups * self.prefix_len) + per_worker * (
+            self.question_len + self.output_max
+        )
 
     def worker_regime(self, workers: int) -> Regime:
         """One worker's share, as a simulator regime (for :func:`~feather_rl.simulator.capacity`)."""
         per_worker = math.ceil(self.requests(workers) / workers)
         groups = max(1, math.ceil(self.groups / workers))
-        per_group = self.prefix_len + math.ceil(per_worker / groups) * (self.question_len + self.output_max)
-        return Regime(f"{self.name}/worker", groups=groups, requests=per_worker,
-                      prefix_len=self.prefix_len, question_len=self.question_len,
-                      output_len=(self.output_min + self.output_max) // 2, prefix_shared=self.prefix_shared,
-                      kv_groups=self.pool_tokens(workers) / per_group, max_running=self.max_running,
-                      prefill_budget=self.prefill_budget)
+        per_group = self.prefix_len + math.ceil(per_worker / groups) * (
+            self.question_len + self.output_max
+        )
+        return Regime(
+            f"{self.name}/worker",
+            groups=groups,
+            requests=per_worker,
+            prefix_len=self.prefix_len,
+            question_len=self.question_len,
+            output_len=(self.output_min + self.output_max) // 2,
+            prefix_shared=self.prefix_shared,
+            kv_groups=self.pool_tokens(workers) / per_group,
+            max_running=self.max_running,
+            prefill_budget=self.prefill_budget,
+        )
 
 
-def workload(shape: Shape, workers: int, seed: int, costs: StepCosts) -> tuple[list[_Request], np.ndarray]:
+def workload(
+    shape: Shape, workers: int, seed: int, costs: StepCosts
+) -> tuple[list[_Request], np.ndarray]:
     """The requests (by arrival time, ``tokens`` left empty) and the groups' prefixes: a request's
     prompt is ``prefix[group] + question``, built when it is routed (see :func:`prompt`)."""
     rng = np.random.default_rng(seed)
@@ -126,8 +144,17 @@ def workload(shape: Shape, workers: int, seed: int, costs: StepCosts) -> tuple[l
         rate = shape.load * workers * capacity(shape.worker_regime(workers), costs)
         arrivals = np.cumsum(rng.exponential(1.0 / rate, size=n))
         arrivals -= arrivals[0]
-    reqs = [_Request(rid, int(groups[rid]), shape.question_len, int(outputs[rid]), float(arrivals[rid]), questions[rid])
-            for rid in range(n)]
+    reqs = [
+        _Request(
+            rid,
+            int(groups[rid]),
+            shape.question_len,
+            int(outputs[rid]),
+            float(arrivals[rid]),
+            questions[rid],
+        )
+        for rid in range(n)
+    ]
     return reqs, prefixes
 
 
@@ -143,17 +170,39 @@ class Worker(Server):
     the server's loop (one scheduling pass, then one forward) until its clock reaches a time.
     """
 
-    def __init__(self, index: int, shape: Shape, workers: int, seed: int, costs: StepCosts,
-                 config: FeatherConfig) -> None:
+    def __init__(
+        self,
+        index: int,
+        shape: Shape,
+        workers: int,
+        seed: int,
+        costs: StepCosts,
+        config: FeatherConfig,
+    ) -> None:
         regime = shape.worker_regime(workers)
         agent = make_agent(config)
-        super().__init__(Regime(regime.name, 1, 0, shape.prefix_len, question_len=shape.question_len,
-                                output_len=regime.output_len, prefix_shared=shape.prefix_shared,
-                                max_running=shape.max_running, prefill_budget=shape.prefill_budget),
-                         seed * 1009 + index, agent, costs, config)
+        super().__init__(
+            Regime(
+                regime.name,
+                1,
+                0,
+                shape.prefix_len,
+                question_len=shape.question_len,
+                output_len=regime.output_len,
+                prefix_shared=shape.prefix_shared,
+                max_running=shape.max_running,
+                prefill_budget=shape.prefill_budget,
+            ),
+            seed * 1009 + index,
+            agent,
+            costs,
+            config,
+        )
         self.index = index
         self.capacity = shape.pool_tokens(workers)
-        agent.bind_server(ServerShape(shape.prefix_shared, shape.max_running, self.capacity, "bfloat16"))
+        agent.bind_server(
+            ServerShape(shape.prefix_shared, shape.max_running, self.capacity, "bfloat16")
+        )
         self.finished: list[int] = []
         self.batch_groups = 0  # sum over decode steps of the prefix groups in the batch
         self.batch_requests = 0  # ... and of the requests
@@ -172,8 +221,10 @@ class Worker(Server):
         if self.running:
             self._decode()
         elif self.waiting:
-            raise RuntimeError(f"{self.regime.name}: a waiting request cannot be admitted into an empty "
-                               f"worker (KV pool {self.capacity} tokens)")
+            raise RuntimeError(
+                f"{self.regime.name}: a waiting request cannot be admitted into an empty "
+                f"worker (KV pool {self.capacity} tokens)"
+            )
 
     def advance(self, until: float) -> None:
         while self.now < until and (self.waiting or self.running):
@@ -219,28 +270,19 @@ class RoundRobin(Router):
 
 
 class PrefixGroup(Router):
-    """Groups by the hash of the prompt's first :data:`KEY_TOKENS` tokens, bounded loads."""
+    """feather's own router, the one SGLang's data-parallel controller runs with
+    ``--load-balance-method prefix_group`` (:class:`PrefixGroupRouter`): the worker that already
+    serves the request's longest chunk-aligned prefix, within bounded loads."""
 
     name = "prefix_group"
 
-    def __init__(self, workers: int, load_factor: float = LOAD_FACTOR, slack: int = SPILL_SLACK) -> None:
+    def __init__(self, workers: int, chunk_size: int = FeatherConfig().chunk_size) -> None:
         super().__init__(workers)
-        self.load_factor, self.slack = load_factor, slack
-        self.homes: dict[bytes, list[int]] = {}  # group key -> the workers it uses, in order of use
+        self.router = PrefixGroupRouter(chunk_size)
+        self.active = list(range(workers))
 
     def pick(self, tokens, loads):
-        key = hashlib.blake2b(np.ascontiguousarray(tokens[:KEY_TOKENS]).tobytes(), digest_size=16).digest()
-        homes = self.homes.setdefault(key, [])
-        mean = loads.mean()
-        bound = max(self.load_factor * mean, mean + self.slack)
-        if homes:
-            best = min(homes, key=lambda w: loads[w])
-            if loads[best] <= bound:
-                return best
-        best = int(np.argmin(loads))
-        if best not in homes:
-            homes.append(best)
-        return best
+        return self.router.pick(tokens, loads.tolist(), self.active)
 
 
 class CacheAware(Router):
@@ -248,8 +290,13 @@ class CacheAware(Router):
 
     name = "cache_aware"
 
-    def __init__(self, workers: int, threshold: float = CACHE_THRESHOLD, balance_abs: int = BALANCE_ABS,
-                 balance_rel: float = BALANCE_REL) -> None:
+    def __init__(
+        self,
+        workers: int,
+        threshold: float = CACHE_THRESHOLD,
+        balance_abs: int = BALANCE_ABS,
+        balance_rel: float = BALANCE_REL,
+    ) -> None:
         super().__init__(workers)
         self.threshold, self.balance_abs, self.balance_rel = threshold, balance_abs, balance_rel
         self.tree: dict[int, dict[int, int]] = {}  # chunk hash -> {worker: last routing there}
@@ -277,7 +324,10 @@ class CacheAware(Router):
         choice = -1
         if not imbalanced:
             matched, worker = self._match(hashes)
-            if worker >= 0 and min(matched * MATCH_CHUNK, len(tokens)) / len(tokens) > self.threshold:
+            if (
+                worker >= 0
+                and min(matched * MATCH_CHUNK, len(tokens)) / len(tokens) > self.threshold
+            ):
                 choice = worker
         if choice < 0:
             choice = int(np.argmin(loads))
@@ -324,8 +374,14 @@ class ClusterResult:
         return d
 
 
-def run(shape: Shape, workers: int, router: str | Router, seed: int = 0, costs: StepCosts | None = None,
-        config: FeatherConfig | None = None) -> ClusterResult:
+def run(
+    shape: Shape,
+    workers: int,
+    router: str | Router,
+    seed: int = 0,
+    costs: StepCosts | None = None,
+    config: FeatherConfig | None = None,
+) -> ClusterResult:
     """One workload through ``workers`` simulated workers behind ``router``."""
     costs = costs or StepCosts.load()
     config = config or FeatherConfig()
@@ -353,13 +409,29 @@ def run(shape: Shape, workers: int, router: str | Router, seed: int = 0, costs: 
     own = shape.question_len * len(reqs)
     ttft = np.array([r.first_token_at - r.arrival for r in reqs])
     return ClusterResult(
-        shape.name, shape.backend, shape.groups, shape.prefix_len, route.name, workers, seed, len(reqs), output,
-        makespan, output / makespan, counts.tolist(),
-        float(counts.max() / counts.min() - 1) if counts.min() else None, int((counts == 0).sum()),
-        sum(w.prefill_tokens for w in pool) - own, shape.groups * shape.prefix_len,
+        shape.name,
+        shape.backend,
+        shape.groups,
+        shape.prefix_len,
+        route.name,
+        workers,
+        seed,
+        len(reqs),
+        output,
+        makespan,
+        output / makespan,
+        counts.tolist(),
+        float(counts.max() / counts.min() - 1) if counts.min() else None,
+        int((counts == 0).sum()),
+        sum(w.prefill_tokens for w in pool) - own,
+        shape.groups * shape.prefix_len,
         float(np.mean([len(v) for v in placed.values()])),
-        sum(w.batch_groups for w in pool) / max(steps, 1), sum(w.batch_requests for w in pool) / max(steps, 1),
-        float(ttft.mean()), sum(w.evicted for w in pool), [rid for w in pool for rid in w.finished])
+        sum(w.batch_groups for w in pool) / max(steps, 1),
+        sum(w.batch_requests for w in pool) / max(steps, 1),
+        float(ttft.mean()),
+        sum(w.evicted for w in pool),
+        [rid for w in pool for rid in w.finished],
+    )
 
 
 # ---- the projection grid --------------------------------------------------------------------
@@ -368,9 +440,15 @@ PREFIXES = (2048, 8192, 20_000)
 WORKERS = (4, 8, 16, 32, 64)
 
 
-def grid(groups=GROUPS, prefixes=PREFIXES, backends=("prefix_shared", "per_request"), **shape) -> list[Shape]:
-    return [Shape(g, p, prefix_shared=(b == "prefix_shared"), **shape) for b in backends for g in groups
-            for p in prefixes]
+def grid(
+    groups=GROUPS, prefixes=PREFIXES, backends=("prefix_shared", "per_request"), **shape
+) -> list[Shape]:
+    return [
+        Shape(g, p, prefix_shared=(b == "prefix_shared"), **shape)
+        for b in backends
+        for g in groups
+        for p in prefixes
+    ]
 
 
 def table(rows: list[dict], routers: list[str]) -> str:
@@ -379,13 +457,17 @@ def table(rows: list[dict], routers: list[str]) -> str:
     minimum (each group's prefix once in the cluster), the prefix groups in a mean decode batch
     and the spread of requests per worker (max / min - 1)."""
     by = {(r["shape"], r["workers"], r["router"]): r for r in rows}
-    keys = sorted({(r["backend"], r["groups"], r["prefix_len"], r["shape"], r["workers"]) for r in rows})
+    keys = sorted(
+        {(r["backend"], r["groups"], r["prefix_len"], r["shape"], r["workers"]) for r in rows}
+    )
     base = "round_robin" if "round_robin" in routers else routers[0]
     others = [r for r in routers if r != base]
     short = "/".join(_SHORT.get(r, r) for r in routers)
-    head = (["backend", "groups", "prefix", "N", f"{_SHORT.get(base, base)} tok/s"]
-            + [f"{_SHORT.get(r, r)} / {_SHORT.get(base, base)}" for r in others]
-            + [f"prefill x ({short})", f"groups/batch ({short})", f"spread ({short})"])
+    head = (
+        ["backend", "groups", "prefix", "N", f"{_SHORT.get(base, base)} tok/s"]
+        + [f"{_SHORT.get(r, r)} / {_SHORT.get(base, base)}" for r in others]
+        + [f"prefill x ({short})", f"groups/batch ({short})", f"spread ({short})"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for backend, g, p, name, n in keys:
         cells = [by.get((name, n, r)) for r in routers]
@@ -396,8 +478,12 @@ def table(rows: list[dict], routers: list[str]) -> str:
         row += [f"{by[(name, n, r)]['throughput'] / ref:.2f}" for r in others]
         row.append(" / ".join(f"{c['prefix_tokens'] / c['prefix_tokens_once']:.1f}" for c in cells))
         row.append(" / ".join(f"{c['groups_per_batch']:.1f}" for c in cells))
-        row.append(" / ".join(f"{c['spread']:.2f}" if c["spread"] is not None else f"{c['idle_workers']} idle"
-                              for c in cells))
+        row.append(
+            " / ".join(
+                f"{c['spread']:.2f}" if c["spread"] is not None else f"{c['idle_workers']} idle"
+                for c in cells
+            )
+        )
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -409,8 +495,10 @@ def summary_table(summ: dict) -> str:
     """The summary as a markdown table: backend and worker count down, routers across."""
     cols = sorted({k.split("/")[0] for k in summ})
     rows = sorted({(k.split("/")[1], int(k.split("N=")[1])) for k in summ})
-    lines = ["| backend | N | " + " | ".join(f"{c} / rr: geomean (min-max)" for c in cols) + " |",
-             "|---|---|" + "---|" * len(cols)]
+    lines = [
+        "| backend | N | " + " | ".join(f"{c} / rr: geomean (min-max)" for c in cols) + " |",
+        "|---|---|" + "---|" * len(cols),
+    ]
     for backend, n in rows:
         cells = []
         for c in cols:
@@ -432,34 +520,66 @@ def summary(rows: list[dict], routers: list[str]) -> dict:
             if row["router"] != r or (row["shape"], row["workers"], "round_robin") not in by:
                 continue
             key = f"{r}/{row['backend']}/N={row['workers']}"
-            out.setdefault(key, []).append(row["throughput"] / by[(row["shape"], row["workers"], "round_robin")])
-    return {k: {"geomean": float(np.exp(np.mean(np.log(v)))), "min": min(v), "max": max(v), "shapes": len(v)}
-            for k, v in out.items()}
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x)
+            out.setdefault(key, []).append(
+                row["throughput"] / by[(row["shape"], row["workers"], "round_robin")]
+            )
+    return {
+        k: {
+            "geomean": float(np.exp(np.mean(np.log(v)))),
+            "min": min(v),
+            "max": max(v),
+            "shapes": len(v),
+        }
+        for k, v in out.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m feather_rl.scaleout", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m feather_rl.scaleout",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--json", type=Path, help="write the rows, a summary and provenance here")
-    ap.add_argument("--workers", type=_ints, default=WORKERS, help="worker counts (default %(default)s)")
-    ap.add_argument("--groups", type=_ints, default=GROUPS, help="prefix groups (default %(default)s)")
-    ap.add_argument("--prefixes", type=_ints, default=PREFIXES, help="prefix lengths in tokens (default %(default)s)")
-    ap.add_argument("--backends", default="prefix_shared,per_request",
-                    help="decode attention cost kinds: prefix_shared (feather's backend), per_request")
+    ap.add_argument(
+        "--workers", type=ints, default=WORKERS, help="worker counts (default %(default)s)"
+    )
+    ap.add_argument(
+        "--groups", type=ints, default=GROUPS, help="prefix groups (default %(default)s)"
+    )
+    ap.add_argument(
+        "--prefixes",
+        type=ints,
+        default=PREFIXES,
+        help="prefix lengths in tokens (default %(default)s)",
+    )
+    ap.add_argument(
+        "--backends",
+        default="prefix_shared,per_request",
+        help="decode attention cost kinds: prefix_shared (feather's backend), per_request",
+    )
     ap.add_argument("--routers", default=",".join(ROUTERS), help="routers (default %(default)s)")
     ap.add_argument("--requests-per-worker", type=int, default=Shape.requests_per_worker)
-    ap.add_argument("--kv-groups", type=float, default=Shape.kv_groups,
-                    help="prefixes a worker's KV pool holds, besides a full batch's own tokens (default %(default)s)")
+    ap.add_argument(
+        "--kv-groups",
+        type=float,
+        default=Shape.kv_groups,
+        help="prefixes a worker's KV pool holds, besides a full batch's own tokens (default %(default)s)",
+    )
     ap.add_argument("--max-running", type=int, default=Shape.max_running)
-    ap.add_argument("--load", type=float, default=None,
-                    help="Poisson arrivals at this fraction of the cluster's capacity (default: all at once)")
-    ap.add_argument("--seeds", type=_ints, default=(0,), help="workload seeds (default %(default)s)")
-    ap.add_argument("--costs", type=Path, default=DEFAULT_CALIBRATION, help="step-cost calibration JSON")
-    ap.add_argument("--from-json", type=Path, help="print the tables of a written projection, run nothing")
+    ap.add_argument(
+        "--load",
+        type=float,
+        default=None,
+        help="Poisson arrivals at this fraction of the cluster's capacity (default: all at once)",
+    )
+    ap.add_argument("--seeds", type=ints, default=(0,), help="workload seeds (default %(default)s)")
+    ap.add_argument(
+        "--costs", type=Path, default=DEFAULT_CALIBRATION, help="step-cost calibration JSON"
+    )
+    ap.add_argument(
+        "--from-json", type=Path, help="print the tables of a written projection, run nothing"
+    )
     args = ap.parse_args(argv)
     if args.from_json:
         import json
@@ -474,9 +594,22 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown router {r!r}; allowed: {', '.join(ROUTERS)}")
     backends = [b for b in args.backends.split(",") if b]
     costs = StepCosts.load(args.costs)
-    shapes = grid(args.groups, args.prefixes, backends, requests_per_worker=args.requests_per_worker,
-                  kv_groups=args.kv_groups, max_running=args.max_running, load=args.load)
-    jobs = [(s, n, r, seed) for s in shapes for n in args.workers for r in routers for seed in args.seeds]
+    shapes = grid(
+        args.groups,
+        args.prefixes,
+        backends,
+        requests_per_worker=args.requests_per_worker,
+        kv_groups=args.kv_groups,
+        max_running=args.max_running,
+        load=args.load,
+    )
+    jobs = [
+        (s, n, r, seed)
+        for s in shapes
+        for n in args.workers
+        for r in routers
+        for seed in args.seeds
+    ]
     from tqdm import tqdm
 
     started = time.time()
@@ -492,9 +625,16 @@ def main(argv: list[str] | None = None) -> int:
         import json
 
         calibration = json.loads(Path(args.costs).read_text()).get("provenance")
-        out = {"rows": rows, "summary": summ, "table": text,
-               "provenance": provenance.record(seconds=round(time.time() - started, 1), costs=_repo_path(args.costs),
-                                               costs_provenance=calibration)}
+        out = {
+            "rows": rows,
+            "summary": summ,
+            "table": text,
+            "provenance": provenance.record(
+                seconds=round(time.time() - started, 1),
+                costs=_repo_path(args.costs),
+                costs_provenance=calibration,
+            ),
+        }
         provenance.write_json(args.json, out)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
@@ -515,8 +655,15 @@ def _mean_over_seeds(rows: list[dict]) -> list[dict]:
     out = []
     for runs in groups.values():
         row = dict(runs[0])
-        for k in ("makespan_s", "throughput", "prefix_tokens", "workers_per_group", "groups_per_batch",
-                  "batch_size", "mean_ttft_s"):
+        for k in (
+            "makespan_s",
+            "throughput",
+            "prefix_tokens",
+            "workers_per_group",
+            "groups_per_batch",
+            "batch_size",
+            "mean_ttft_s",
+        ):
             row[k] = float(np.mean([r[k] for r in runs]))
         spreads = [r["spread"] for r in runs]
         row["spread"] = None if None in spreads else float(np.mean(spreads))
