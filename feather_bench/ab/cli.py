@@ -264,17 +264,27 @@ def parse_server_args(text: str) -> tuple[list[str], dict, list[str]]:
                 f"--server-args: {flag} is set by feather-ab"
                 + (f"; use feather-ab's {instead}" if instead else "")
             )
-    parser = ap.ArgumentParser(add_help=False)
+
+    class Parser(ap.ArgumentParser):
+        def error(self, message):  # a message for feather-ab's list, not SGLang's usage text
+            raise ValueError(message)
+
+    parser = Parser(add_help=False)
     ServerArgs.add_cli_args(parser)
+    if not any("--feather-agent" in a.option_strings for a in parser._actions):
+        from feather_sglang.sglang_integration.args import add_cli_args_after
+
+        add_cli_args_after(None, parser)  # feather's flags and choices, as on a server
     base = ["--model-path", "m"]
     try:
         given, unknown = parser.parse_known_args(base + tokens)
         defaults = vars(parser.parse_known_args(base)[0])
-    except SystemExit:
-        return tokens, {}, out + [f"--server-args {text!r}: not valid SGLang server flags"]
+    except ValueError as e:
+        return tokens, {}, out + [f"--server-args {text!r}: {e}"]
     if unknown:
+        flags = [u for u in unknown if u.startswith("-")] or unknown
         out.append(
-            f"--server-args: {' '.join(unknown)} not SGLang server flags "
+            f"--server-args: not SGLang server flags: {', '.join(flags)} "
             "(see python -m sglang.launch_server --help)"
         )
     kwargs = {k: v for k, v in vars(given).items() if v != defaults.get(k)}

@@ -39,8 +39,10 @@ def run_ab(tmp_path: Path, *args: str) -> tuple[dict, str]:
 def check_rows(result: dict, configs: list[str], requests: int, output_tokens: int) -> None:
     assert [r["config"] for r in result["rows"]] == configs
     for r in result["rows"]:
-        assert r["requests"] == requests and r["output_tokens"] == output_tokens
-        assert r["output_tok_s"] > 0 and 0 < r["ttft_p50_s"] <= r["ttft_p99_s"] <= r["e2e_p99_s"]
+        assert r["completed"] == requests and r["total_output_tokens"] == output_tokens
+        assert r["output_throughput"] > 0
+        assert 0 < r["median_ttft_ms"] <= r["p99_ttft_ms"] <= r["p99_e2e_latency_ms"]
+        assert r["median_itl_ms"] > 0 and r["mean_tpot_ms"] > 0
         assert 0 <= r["cache_hit_rate"] < 1 and 0 <= r["saving_ratio_r"] < 1
         assert r["decode_steps"] > 0 and r["mean_decode_batch"] >= 1 and 0 < r["sched_fraction"] < 1
     assert result["greedy_outputs_identical"] is True and result["greedy_mismatches"] == []

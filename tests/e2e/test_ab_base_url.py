@@ -1,0 +1,127 @@
+"""feather-ab against a server already running (``--base-url``), side by side with SGLang's own
+``python -m sglang.bench_serving`` on the same server, dataset flags and seed: the same dataset
+is sent (the same request and token counts), the shared metrics carry the same names and units,
+and the output throughputs agree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from feather_bench.tools.server import SGLangServer
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+
+DATASET = [
+    "--dataset-name",
+    "generated-shared-prefix",
+    "--gsp-num-groups",
+    "4",
+    "--gsp-prompts-per-group",
+    "4",
+    "--gsp-system-prompt-len",
+    "256",
+    "--gsp-output-len",
+    "8",
+    "--num-prompts",
+    "16",
+    "--seed",
+    "1",
+]
+# NOTE: the same server, the two clients taking turns (ROUNDS each), each run from an empty cache
+# (--flush-cache), and each tool's best run compared: on a small shared machine other processes
+# take cores away for whole seconds, which only ever slows a run down, so the best of a few
+# runs is what the tool measures and the rest is the neighbours. What remains between the two
+# is feather-ab asking for each token's top-2 log-probabilities (for its greedy check) and
+# run-to-run noise; 35% leaves room for that and still fails when either tool counts tokens
+# or time differently (a unit or a token count off is a factor, not a percentage).
+ROUNDS = 3
+THROUGHPUT_TOLERANCE = 0.35
+LATENCY_STATS = ("mean", "median", "std", "p90", "p95", "p99")
+SHARED_KEYS = [
+    "duration",
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "input_throughput",
+    "output_throughput",
+    "total_throughput",
+    "concurrency",
+] + [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2e_latency") for s in LATENCY_STATS]
+
+
+def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p
+
+
+def test_base_url_matches_bench_serving(tiny_model, tmp_path):
+    server = SGLangServer(
+        tiny_model,
+        "feather",
+        ["--dtype", "float32", "--random-seed", "1"],
+        log_path=tmp_path / "server.log",
+    )
+    abs_, benches = [], []
+    with server:
+        for i in range(ROUNDS):
+            ab_json, bs_jsonl = tmp_path / f"ab{i}.json", tmp_path / f"bench{i}.jsonl"
+            p = run(
+                [
+                    str(Path(sys.executable).with_name("feather-ab")),
+                    "--base-url",
+                    server.url,
+                    *DATASET,
+                    "--flush-cache",
+                    "--output-file",
+                    str(ab_json),
+                ]
+            )
+            run(
+                [
+                    sys.executable,
+                    "-m",
+                    "sglang.bench_serving",
+                    "--backend",
+                    "sglang",
+                    "--base-url",
+                    server.url,
+                    *DATASET,
+                    "--flush-cache",
+                    "--output-file",
+                    str(bs_jsonl),
+                ]
+            )
+            abs_.append(json.loads(ab_json.read_text()))
+            benches.append(json.loads(bs_jsonl.read_text().splitlines()[-1]))
+    ab = max(abs_, key=lambda a: a["rows"][0]["output_throughput"])
+    bench = max(benches, key=lambda b: b["output_throughput"])
+    (row,) = ab["rows"]
+    print("output throughput, feather-ab:", [a["rows"][0]["output_throughput"] for a in abs_])
+    print("output throughput, bench_serving:", [b["output_throughput"] for b in benches])
+    print("feather-ab", {k: row[k] for k in SHARED_KEYS})
+    print("bench_serving", {k: bench[k] for k in SHARED_KEYS})
+    # bench_serving's names for the shared metrics, all present in both
+    assert set(SHARED_KEYS) <= bench.keys() and set(SHARED_KEYS) <= row.keys()
+    # the same dataset: as many requests, prompt and output tokens
+    assert row["completed"] == bench["completed"] == 16
+    assert row["total_input_tokens"] == bench["total_input_tokens"]
+    assert row["total_output_tokens"] == bench["total_output_tokens"] == 16 * 8
+    # the same units: latencies in ms, duration in s (a unit off would be a factor of 1000)
+    for key in ("median_ttft_ms", "median_e2e_latency_ms", "mean_tpot_ms", "duration"):
+        assert 1 / 3 < row[key] / bench[key] < 3, (key, row[key], bench[key])
+    ratio = row["output_throughput"] / bench["output_throughput"]
+    assert abs(ratio - 1) <= THROUGHPUT_TOLERANCE, ratio
+    # what the server is, from its /server_info
+    server_info = ab["server"]
+    assert server_info["schedule_policy"] == "feather" and server_info["dp_size"] == 1
+    assert server_info["version"] and server_info["model"]
+    assert row["policy"] == "feather" and ab["common"]["mode"] == "base-url"
+    assert "feather-ab: workload generated-shared-prefix: 16 requests" in p.stdout
