@@ -100,6 +100,66 @@ def _scale_section(path: Path) -> list[str]:
     return lines
 
 
+def _provenance_line(d: dict) -> str:
+    prov, m = d["provenance"], d["provenance"]["machine"]
+    commit = ((prov.get("git") or {}).get("commit") or "?")[:10]
+    return f"`{prov['command']}` ({m.get('cpu')}, {m.get('cores')} cores, {prov['date'][:10]}, commit `{commit}`)"
+
+
+def _dp_section(path: Path) -> list[str]:
+    d = json.loads(path.read_text())
+    lines = [
+        "## Data-parallel workers: `feather-bench-dp`",
+        "",
+        _provenance_line(d)
+        + "; `python -m sglang.bench_serving "
+        + " ".join(d["bench_serving_args"])
+        + f" --seed {d['settings']['seed']} --flush-cache`, medians of {d['settings']['repeats']} runs; "
+        "each worker's requests and prompt tokens computed from the server log.",
+        "",
+        "| --load-balance-method | output tok/s | vs round robin | median TTFT ms | median TPOT ms | "
+        "requests per worker | spread | prompt tokens computed per worker |",
+        "|---|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for r in d["rows"]:
+        ratio = "-" if r.get("vs_round_robin") is None else f"{r['vs_round_robin']:.2f}x"
+        lines.append(
+            f"| {r['method']} | {r['output_throughput']:.1f} | {ratio} | {r['median_ttft_ms']:,.0f} | "
+            f"{r['median_tpot_ms']:,.0f} | {' / '.join(str(w['requests']) for w in r['workers'])} | "
+            f"{r['request_spread']:.0%} | {' / '.join(format(w['new_tokens'], ',') for w in r['workers'])} |"
+        )
+    return lines
+
+
+def _storm_section(path: Path) -> list[str]:
+    d = json.loads(path.read_text())
+    summary = d["summary"]
+    lines = [
+        "## Abort storm on a live server: `feather-bench-abort-storm`",
+        "",
+        _provenance_line(d) + f"; {d['settings']['requests']:,} requests a cycle, "
+        f"{d['settings']['disconnect']:.0%} of clients giving up, {d['settings']['reuse']:.0%} reused rids, "
+        f"--max-queued-requests {d['settings']['max_queued_requests']}.",
+        "",
+        "| cycle | seconds | answered 200 | turned away (503) | gave up | other | feather tracks after (requests, CHT nodes) | scheduler RSS MB |",
+        "|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in d["rows"]:
+        o = r["outcomes"]
+        other = sum(v for k, v in o.items() if k not in ("200", "503", "disconnected"))
+        lines.append(
+            f"| {r['cycle']} | {r['seconds']:.0f} | {o.get('200', 0)} | {o.get('503', 0)} | "
+            f"{o.get('disconnected', 0)} | {other} | {tuple(r['idle_tracked'] or ())} | {r['scheduler_rss_mb']:,.0f} |"
+        )
+    lines += [
+        "",
+        f"Scheduler memory grew {summary['scheduler_rss_growth_mb']} MB from the first cycle to the last "
+        f"({summary['scheduler_rss_growth_from_start_mb']} MB from start-up); failed checks: "
+        f"{', '.join(summary['failures']) or 'none'}.",
+    ]
+    return lines
+
+
 def results_markdown() -> str:
     from feather_bench import serving
     from feather_rl.evaluate import serving_markdown
@@ -131,6 +191,12 @@ def results_markdown() -> str:
     scale = REPO / "results" / "scale" / "scale.json"
     if scale.exists():
         parts += _scale_section(scale) + [""]
+    for path, section in (
+        (REPO / "results" / "dp" / "dp.json", _dp_section),
+        (REPO / "results" / "reliability" / "abort_storm.json", _storm_section),
+    ):
+        if path.exists():
+            parts += section(path) + [""]
     ab = sorted((REPO / "results" / "ab").rglob("*.json"))
     if ab:
         parts += _ab_section(ab) + [""]

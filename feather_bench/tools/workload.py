@@ -41,6 +41,7 @@ class Output:
     text: str
     token_ids: list[int]
     top2: list[list[tuple[float, int]]]  # per output position: [(logprob, token id)] best first
+    dp_rank: int | None = None  # the data-parallel worker that served it (--dp-size > 1)
 
 
 def generate_all(
@@ -70,7 +71,7 @@ def generate_all(
         meta = body["meta_info"]
         ids = [t[1] for t in meta["output_token_logprobs"]]
         top2 = [[(lp, tid) for lp, tid, *_ in pos] for pos in meta["output_top_logprobs"]]
-        return rid, Output(rid, body["text"], ids, top2)
+        return rid, Output(rid, body["text"], ids, top2, meta.get("dp_rank"))
 
     with cf.ThreadPoolExecutor(concurrency or len(prompts)) as pool:
         return dict(pool.map(one, prompts))

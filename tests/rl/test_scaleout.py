@@ -41,13 +41,12 @@ def test_prefix_group_keeps_each_group_on_few_workers_within_the_shipped_routers
     res, rr = grouped["prefix_group"], grouped["round_robin"]
     mean = res.requests / 4
     assert max(res.per_worker_requests) <= _bound(mean)  # 1.02 x 64 + 3
-    assert res.per_worker_requests != [64, 64, 64, 64]  # the bound lets a group's worker run ahead
-    # the owner takes its group's requests until it is 3 above the mean, then one spill worker
-    # per group: 2 workers a group, each computing the prefix once, against round robin's 4
-    assert res.workers_per_group == 2.0
+    # a group's home takes its requests while within the bound; when every home is above it,
+    # the least-loaded worker becomes one more home: a few workers a group, not all four
+    assert res.workers_per_group <= 2.5 < rr.workers_per_group
     assert res.evicted_prefixes == 0
-    assert res.prefix_tokens == 2 * GROUPED.groups * GROUPED.prefix_len == rr.prefix_tokens / 2
-    assert res.groups_per_batch < 2.0
+    assert res.prefix_tokens <= 0.6 * rr.prefix_tokens
+    assert res.groups_per_batch < rr.groups_per_batch / 1.5
 
 
 def test_round_robin_puts_every_group_on_every_worker_each_computing_the_prefix(grouped):

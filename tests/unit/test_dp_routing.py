@@ -81,7 +81,7 @@ def test_an_inactive_owner_is_not_used_and_memory_is_bounded():
     assert router.pick(first, [0, 0], [0, 1]) == 0
     assert router.pick(first, [0, 5], [1]) == 1  # worker 0 is gone
     route(router, prompts(groups=30, per_group=2), workers=2)
-    assert len(router.owner) <= 20
+    assert len(router.homes) <= 20
 
 
 def test_cores_are_split_evenly_among_ranks():

@@ -1,0 +1,108 @@
+"""End-to-end: two data-parallel workers running feather behind SGLang's controller, routed by
+prefix group."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import random
+import re
+import signal
+import time
+from collections import Counter
+
+import psutil
+import pytest
+import requests
+
+from feather_bench.tools.server import SGLangServer
+from feather_bench.tools.workload import TOPICS, compare_greedy, generate_all
+
+pytestmark = pytest.mark.e2e
+
+IDLE_CHECK_WAIT_S = 4.0  # SGLang's idle memory check (a leaked KV slot stops the server)
+FP32 = ["--dtype", "float32"]
+KILLED_WORKER_ANSWERED_S = 90.0  # every client of a server whose worker died hears back by then
+
+
+def grouped_prompts(groups: int, per_group: int, seed: int = 0) -> list[tuple[str, str]]:
+    """(rid, prompt): each group's system prompt differs from its first token on (a desk
+    number, then a long role text), so that groups share no chunk with each other."""
+    items = [
+        (
+            f"g{g}-q{i}",
+            f"Desk {g}. " + TOPICS[g % len(TOPICS)] * 8 + f"Question {i}: item {i * 7 + g}?",
+        )
+        for g in range(groups)
+        for i in range(per_group)
+    ]
+    random.Random(seed).shuffle(items)
+    return items
+
+
+def test_two_workers_keep_groups_whole_and_generate_what_one_worker_does(tiny_model, tmp_path):
+    prompts = grouped_prompts(groups=8, per_group=6)  # 48 requests
+    args = [*FP32, "--dp-size", "2", "--load-balance-method", "prefix_group"]
+    server = SGLangServer(tiny_model, "feather", args, log_path=tmp_path / "dp.log")
+    with server:
+        two = generate_all(server.url, prompts, 8)
+        time.sleep(IDLE_CHECK_WAIT_S)
+        assert requests.get(server.url + "/health_generate", timeout=120).status_code == 200
+        log = server.log_text()
+        # A worker dies mid-serving: no request is lost silently, every client hears back.
+        pending = grouped_prompts(groups=4, per_group=4, seed=1)
+        with cf.ThreadPoolExecutor(len(pending)) as pool:
+            futures = [pool.submit(_post, server.url, rid, text) for rid, text in pending]
+            time.sleep(1.0)
+            _scheduler_processes(server)[-1].send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            outcomes = [f.result(timeout=300) for f in futures]
+            answered_s = time.monotonic() - killed
+
+    with SGLangServer(tiny_model, "feather", FP32, log_path=tmp_path / "one.log") as one_server:
+        one = generate_all(one_server.url, prompts, 8)
+    assert compare_greedy(one, two) == []
+
+    by_group: dict[str, Counter] = {}
+    for rid, out in two.items():
+        by_group.setdefault(rid.split("-")[0], Counter())[out.dp_rank] += 1
+    per_worker = Counter(out.dp_rank for out in two.values())
+    assert set(per_worker) == {0, 1}, per_worker
+    assert abs(per_worker[0] - per_worker[1]) <= 0.25 * len(prompts), per_worker
+    whole = sum(len(ranks) == 1 for ranks in by_group.values())
+    assert whole >= 5, by_group  # all 48 arrive at once: the bounded loads split a few
+
+    assert "routed by prefix group (2 workers)" in log
+    assert "Scheduler hit an exception" not in log
+    assert "memory leak detected" not in log
+    idle = dict(re.findall(r"DP(\d)\] feather: idle, tracking (\d+) requests, \d+ CHT nodes", log))
+    assert idle == {"0": "0", "1": "0"}, idle
+    # The dead worker's requests fail (SGLang's watchdog on the workers stops the server)
+    # instead of waiting forever.
+    assert answered_s < KILLED_WORKER_ANSWERED_S, (answered_s, outcomes)
+    assert "error" in outcomes or any(o != 200 for o in outcomes), outcomes
+
+
+def _post(url: str, rid: str, text: str):
+    try:
+        r = requests.post(
+            url + "/generate",
+            timeout=KILLED_WORKER_ANSWERED_S + 60,
+            json={
+                "rid": f"{rid}-late",
+                "text": text,
+                "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True},
+            },
+        )
+        return r.status_code
+    except requests.RequestException:
+        return "error"
+
+
+def _scheduler_processes(server: SGLangServer) -> list[psutil.Process]:
+    procs = [
+        p
+        for p in psutil.Process(server.proc.pid).children(recursive=True)
+        if "scheduler" in " ".join(p.cmdline())
+    ]
+    assert len(procs) == 2, [p.cmdline() for p in procs]
+    return procs
