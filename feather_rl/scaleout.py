@@ -13,9 +13,10 @@ data-parallel controller and sglang-router count. Routers (:data:`ROUTERS`):
 - ``round_robin``: worker ``i mod N`` for the i-th request (``--dp-size N``'s default, and
   sglang-router's ``round_robin``). Every group lands on every worker.
 - ``prefix_group``: feather's own router, the class SGLang's data-parallel controller runs with
-  ``--load-balance-method prefix_group``: the worker that already serves the request's longest
-  chunk-aligned prefix (at least half the prompt), unless its load exceeds 1.02 times the mean
-  plus 3 requests; then the least-loaded worker ("consistent hashing with bounded loads").
+  ``--load-balance-method prefix_group``: the least-loaded home of the request's longest
+  chunk-aligned prefix (at least half the prompt) while its load stays within 1.02 times the
+  mean plus 3 requests; when every home is above that, the least-loaded worker, which becomes
+  one more home of the prefix ("consistent hashing with bounded loads").
 - ``cache_aware``: a model of sglang-router's / smg's ``cache_aware`` policy: per worker, the
   prompts routed there (their chained chunk hashes, :data:`MATCH_CHUNK` tokens a chunk, standing
   in for the router's approximate character tree, never evicted). While the loads are balanced
