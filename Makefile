@@ -127,4 +127,4 @@ bench-dp: setup
 # A live feather server under clients that give up, reused rids and a small queue cap
 # (docs/reliability.md)
 bench-abort-storm: setup
-	.venv/bin/feather-bench-abort-storm --model models/SmolLM2-135M-Instruct --json results/reliability/abort_storm.json
+	.venv/bin/feather-bench-abort-storm --model models/tiny-llama --server-args "--dtype float32" --json results/reliability/abort_storm.json

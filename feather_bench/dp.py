@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             bench_args="",
             feather_args="",
             server_args=f"--dp-size {args.dp_size} --load-balance-method {method} {args.server_args}",
+            ready_timeout_s=900,  # every worker loads the model on its share of the cores
         )
         method_dir = out_dir / method
         method_dir.mkdir(parents=True, exist_ok=True)

@@ -162,6 +162,11 @@ def run_config(model: str, policy: str, backend: str, workload: str, args, out_d
         schedule_policy=policy,
         extra_args=extra,
         log_path=out_dir / f"{workload}.{name}.server.log",
+        **(
+            {"ready_timeout_s": args.ready_timeout_s}
+            if getattr(args, "ready_timeout_s", None)
+            else {}
+        ),
     ) as server:
         for repeat in range(args.repeats):
             command = [
