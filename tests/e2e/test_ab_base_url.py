@@ -34,16 +34,18 @@ DATASET = [
     "--seed",
     "1",
 ]
-# NOTE: the same server, the two clients taking turns (ROUNDS each), each run from an empty cache
-# (--flush-cache), and each tool's best run compared. Both stream the same requests; feather-ab
-# also asks for top-2 log-probabilities, which measured no slower (same server, alternating:
-# 14.0-15.0 s with, 13.7-17.3 s without). On the 2-core host these tests were written on, shared with other engineers' servers
-# (load average 5-7), the same 16-request run took anywhere from 2.6 s to 28 s, and the ratio of
-# the two tools' best runs ranged from 0.2 to 1.5 between sessions, while both clients used
-# ~0% CPU during their runs (the spread is the neighbours, not the tools). So by default the
-# throughput check allows a factor of 10 and the latency-unit check a factor of 30: a unit off
-# (s vs ms) is a factor of 1000, and request and token counts are compared exactly.
-# FEATHER_AB_THROUGHPUT_FACTOR=1.35 makes it the strict check on a quiet machine.
+# NOTE: the same server, the two clients taking turns (ROUNDS pairs, each run from an empty cache
+# with --flush-cache), and the median over pairs of feather-ab's output throughput over
+# bench_serving's in the same pair. Both stream the same requests; feather-ab also asks for
+# top-2 log-probabilities, which measured no slower (same server, alternating: 14.0-15.0 s with,
+# 13.7-17.3 s without). On the 2-core host these tests were written on, shared with other
+# engineers' servers (load average 5-7), the same 16-request run took anywhere from 0.8 s to
+# 28 s while both clients used ~0% CPU (the spread is the neighbours, not the tools): pairs
+# agreed within 4% in a quiet stretch and one pair was 12x apart; the medians over three pairs
+# were 0.98, 1.36 and 0.23 in three sessions. So by default the check allows a factor of 10,
+# and the latency-unit check a factor of 30: a unit off (s vs ms) is a factor of 1000, and the
+# request and token counts are compared exactly. FEATHER_AB_THROUGHPUT_FACTOR=1.35 makes it the
+# strict check on a quiet machine.
 ROUNDS = 3
 THROUGHPUT_FACTOR = float(os.environ.get("FEATHER_AB_THROUGHPUT_FACTOR", "10"))
 UNIT_FACTOR = 30.0
@@ -106,11 +108,14 @@ def test_base_url_matches_bench_serving(tiny_model, tmp_path):
             )
             abs_.append(json.loads(ab_json.read_text()))
             benches.append(json.loads(bs_jsonl.read_text().splitlines()[-1]))
-    ab = max(abs_, key=lambda a: a["rows"][0]["output_throughput"])
-    bench = max(benches, key=lambda b: b["output_throughput"])
-    (row,) = ab["rows"]
+    ratios = [
+        a["rows"][0]["output_throughput"] / b["output_throughput"] for a, b in zip(abs_, benches)
+    ]
     print("output throughput, feather-ab:", [a["rows"][0]["output_throughput"] for a in abs_])
     print("output throughput, bench_serving:", [b["output_throughput"] for b in benches])
+    middle = sorted(range(ROUNDS), key=lambda i: ratios[i])[ROUNDS // 2]
+    ab, bench = abs_[middle], benches[middle]
+    (row,) = ab["rows"]
     print("feather-ab", {k: row[k] for k in SHARED_KEYS})
     print("bench_serving", {k: bench[k] for k in SHARED_KEYS})
     # bench_serving's names for the shared metrics, all present in both
@@ -122,7 +127,7 @@ def test_base_url_matches_bench_serving(tiny_model, tmp_path):
     # the same units: latencies in ms, duration in s (a unit off would be a factor of 1000)
     for key in ("median_ttft_ms", "median_e2e_latency_ms", "mean_tpot_ms", "duration"):
         assert 1 / UNIT_FACTOR < row[key] / bench[key] < UNIT_FACTOR, (key, row[key], bench[key])
-    ratio = row["output_throughput"] / bench["output_throughput"]
+    ratio = ratios[middle]  # the median pair
     assert 1 / THROUGHPUT_FACTOR <= ratio <= THROUGHPUT_FACTOR, ratio
     # what the server is, from its /server_info
     server_info = ab["server"]
