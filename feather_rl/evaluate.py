@@ -38,6 +38,7 @@ DEFAULT_AGENTS = ("static", "always-add", "random", "ucb", "qlearning")
 SERVING_AGENTS = ("static", "always-add", "admit", "throughput")
 EVAL_SEED = 1_000_000  # evaluation seeds start here; training draws its own
 ONLINE = ("ucb", "qlearning")
+BOUND = "bound"  # serving rows: the throughput no agent can exceed (feather_rl.bound)
 
 
 def shipped_agents() -> list[str]:
@@ -96,6 +97,7 @@ def evaluate(agents, workloads, seeds, env, warmup_episodes: int = 20, progress=
 
 def evaluate_serving(agents, regime_list, seeds, progress=None) -> list[dict]:
     """One row per (agent, regime): the simulated server's output throughput per seed."""
+    from feather_rl.bound import max_throughput
     from feather_rl.simulator import StepCosts, simulate
 
     costs, rows = StepCosts.load(), []
@@ -119,6 +121,18 @@ def evaluate_serving(agents, regime_list, seeds, progress=None) -> list[dict]:
                     "evicted_prefixes": statistics.fmean(r.evicted_prefixes for r in results),
                 }
             )
+    for regime in regime_list:  # what no agent can exceed (feather_rl.bound)
+        bound = [max_throughput(regime, EVAL_SEED + seed, costs) for seed in seeds]
+        rows.append(
+            {
+                "agent": BOUND,
+                "workload": regime.name,
+                "seeds": list(seeds),
+                "rewards": [round(x, 3) for x in bound],
+                "mean_reward": statistics.fmean(bound),
+                "std_over_seeds": statistics.pstdev(bound),
+            }
+        )
     return rows
 
 
@@ -144,6 +158,11 @@ def summarize_serving(rows, trained: str | None) -> dict:
             a: round(geomean(ratios(a, fixed["always_add"])), 4) for a in agents
         }
     }
+    if BOUND in agents:  # the room any agent has over the fixed rules
+        for name in ("always_add", "best_fixed"):
+            rs = ratios(BOUND, fixed[name])
+            summary[f"bound_vs_{name}"] = round(geomean(rs), 4)
+            summary[f"bound_vs_{name}_max"] = round(max(rs), 4)
     if trained is not None:
         summary["trained"] = trained
         for name, base in fixed.items():
@@ -175,7 +194,19 @@ def serving_table(rows, summary) -> str:
             lines.append(
                 f"{key}: {summary[key]:.4f} (geomean), lowest regime {summary[key + '_min']:.4f}"
             )
+    if "bound_vs_always_add" in summary:
+        lines.append(bound_sentence(summary))
     return "\n".join(lines)
+
+
+def bound_sentence(summary: dict) -> str:
+    """What the bound says of the room any agent has over the fixed rules."""
+    return (
+        f"no agent can exceed {BOUND!r}: at most {summary['bound_vs_always_add']:.3f}x always-add "
+        f"(geomean; {summary['bound_vs_always_add_max']:.3f}x in the roomiest regime) and "
+        f"{summary['bound_vs_best_fixed']:.3f}x the better fixed rule "
+        f"({summary['bound_vs_best_fixed_max']:.3f}x)"
+    )
 
 
 def serving_markdown(data: dict, json_path: str) -> str:
@@ -210,6 +241,8 @@ def serving_markdown(data: dict, json_path: str) -> str:
                 for k in ("trained_vs_static", "trained_vs_always_add", "trained_vs_best_fixed")
             ),
         ]
+    if "bound_vs_always_add" in summary:
+        lines += ["", bound_sentence(summary)[0].upper() + bound_sentence(summary)[1:] + "."]
     return "\n".join(lines)
 
 

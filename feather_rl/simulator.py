@@ -196,8 +196,10 @@ class Server:
         agent: StopAddAgent,
         costs: StepCosts | None = None,
         config: FeatherConfig | None = None,
+        noise_sigma: float = NOISE_SIGMA,
     ) -> None:
         self.regime, self.seed = regime, seed
+        self.noise_sigma = noise_sigma
         self.costs = costs or StepCosts.load()
         self.now = 0.0
         self.config = config or FeatherConfig(agent="static")
@@ -316,7 +318,7 @@ class Server:
             self.planner.forget(r.rid)
 
     def _noisy(self, seconds: float) -> float:
-        return seconds * float(self.rng.lognormal(0.0, NOISE_SIGMA))
+        return seconds * float(self.rng.lognormal(0.0, self.noise_sigma))
 
     def run(self) -> Result:
         while self.pending or self.waiting or self.running:
