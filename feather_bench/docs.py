@@ -1,7 +1,7 @@
 """``python -m feather_bench.docs``: the generated parts of the docs, from the code and the JSON.
 
-- README.md's options table, from :class:`feather_sglang.config.FeatherConfig` (between the
-  ``<!-- options -->`` markers);
+- README.md's options table and each option's help below it, from
+  :class:`feather_sglang.config.FeatherConfig` (between the ``<!-- options -->`` markers);
 - docs/results.md, from every result JSON under ``results/`` (each records its command,
   machine, versions, date and commit).
 
@@ -15,20 +15,24 @@ import json
 import sys
 from pathlib import Path
 
+from feather_bench.tools.markdown import command_block, command_item, wrap
+
 REPO = Path()  # the repository's root: run from there
 BEGIN, END = "<!-- options -->", "<!-- /options -->"
 
 
 def options_markdown() -> str:
+    """A short table (option, ``Engine`` keyword, default), then each option's help."""
     from feather_sglang.config import FeatherConfig
 
     defaults = FeatherConfig()
-    lines = ["| option (`Engine` keyword) | default | meaning |", "|---|---|---|"]
-    for flag, field in FeatherConfig.options():
-        lines.append(
-            f"| `{flag}` (`feather_{field.name}`) | `{getattr(defaults, field.name)}` | "
-            f"{field.metadata['help']} |"
-        )
+    options = FeatherConfig.options()
+    lines = ["| option | `Engine` keyword | default |", "|---|---|---|"]
+    for flag, field in options:
+        lines.append(f"| `{flag}` | `feather_{field.name}` | `{getattr(defaults, field.name)}` |")
+    lines.append("")
+    for flag, field in options:
+        lines.append(wrap(f"- `{flag}`: {field.metadata['help']}", indent="  "))
     return "\n".join(lines)
 
 
@@ -44,13 +48,15 @@ def _ab_section(paths: list[Path]) -> list[str]:
     lines = [
         "## feather-ab: every policy x attention backend on one workload",
         "",
-        "Each row one `feather-ab` run (medians where `--repeats` > 1); speed-up = the best feather "
-        "configuration's output tok/s over the best baseline's (SGLang's policies on torch_native); "
-        "policy = feather over the best stock policy on the same backend.",
-        "",
-        "| file | command | machine, date | best feather vs best baseline | policy alone | greedy outputs |",
-        "|---|---|---|---|---|---|",
+        wrap(
+            "Each row one `feather-ab` run (medians where `--repeats` > 1), one table per machine, "
+            "the commands numbered below the tables; speed-up = the best feather configuration's "
+            "output tok/s over the best baseline's (SGLang's policies on torch_native); policy = "
+            "feather over the best stock policy on the same backend."
+        ),
     ]
+    by_machine: dict[str, list[str]] = {}
+    commands = []
     for p in paths:
         d = json.loads(p.read_text())
         s = d.get("summary", {})
@@ -67,11 +73,24 @@ def _ab_section(paths: list[Path]) -> list[str]:
             if policy is None
             else f"{policy:.2f}x vs {s.get('policy_speedup_same_backend_vs', '?')}"
         )
-        lines.append(
-            f"| `{p.relative_to(REPO)}` | `{d.get('command', '?')}` | {d['machine'].get('cpu', '?')}, "
-            f"{str(d.get('date', '?'))[:10]} | {s['speedup_vs_best_baseline']:.2f}x ({s.get('best_feather')} "
-            f"vs {s.get('best_baseline')}) | {policy} | {same} |"
+        commands.append(d.get("command", "?"))
+        by_machine.setdefault(d["machine"].get("cpu", "?"), []).append(
+            f"| `{p.relative_to(REPO)}` | [{len(commands)}] | {str(d.get('date', '?'))[:10]} | "
+            f"{s['speedup_vs_best_baseline']:.2f}x ({s.get('best_feather')} vs "
+            f"{s.get('best_baseline')}) | {policy} | {same} |"
         )
+    for machine, rows in by_machine.items():
+        lines += [
+            "",
+            f"On {machine}:",
+            "",
+            "| file | command | date | best feather vs best baseline | policy alone | "
+            "greedy outputs |",
+            "|---|---|---|---|---|---|",
+            *rows,
+        ]
+    lines += ["", "Commands:", ""]
+    lines += [command_item(f"{i}.", c) for i, c in enumerate(commands, 1)]
     return lines
 
 
@@ -81,11 +100,15 @@ def _scale_section(path: Path) -> list[str]:
     lines = [
         "## Scheduling cost at scale: `feather-bench-scale`",
         "",
-        f"`{prov['command']}` ({m.get('cpu')}, {prov['date'][:10]}, commit "
-        f"`{(prov.get('git') or {}).get('commit', '?')[:10]}`; batch {d['settings']['batch']}; "
-        "feather's own part of each pass, then the whole `calc_priority` call, which adds SGLang's "
-        "own per-pass work, the same under fcfs: every 32nd pass refreshes the LRU recency of the "
-        "first 128 waiting prefixes)",
+        *command_block(prov["command"]),
+        "",
+        wrap(
+            f"{m.get('cpu')}, {prov['date'][:10]}, commit "
+            f"`{(prov.get('git') or {}).get('commit', '?')[:10]}`; batch {d['settings']['batch']}. "
+            "The times are feather's own part of each pass, then the whole `calc_priority` call, "
+            "which adds SGLang's own per-pass work, the same under fcfs: every 32nd pass "
+            "refreshes the LRU recency of the first 128 waiting prefixes."
+        ),
         "",
         "| waiting | scenario | prompt tokens | feather p50 us | feather p99 us | pass p50 us | pass p99 us | "
         "O(W) reindexes | CHT bytes per prompt token |",
@@ -100,22 +123,31 @@ def _scale_section(path: Path) -> list[str]:
     return lines
 
 
-def _provenance_line(d: dict) -> str:
+def _provenance(d: dict) -> tuple[list[str], str]:
+    """The command that wrote ``d``, as a fenced block, and where and when it ran."""
     prov, m = d["provenance"], d["provenance"]["machine"]
     commit = ((prov.get("git") or {}).get("commit") or "?")[:10]
-    return f"`{prov['command']}` ({m.get('cpu')}, {m.get('cores')} cores, {prov['date'][:10]}, commit `{commit}`)"
+    where = f"{m.get('cpu')}, {m.get('cores')} cores, {prov['date'][:10]}, commit `{commit}`"
+    return command_block(prov["command"]), where
 
 
 def _dp_section(path: Path) -> list[str]:
     d = json.loads(path.read_text())
+    command, where = _provenance(d)
+    client = " ".join(d["bench_serving_args"])
     lines = [
         "## Data-parallel workers: `feather-bench-dp`",
         "",
-        _provenance_line(d)
-        + "; `python -m sglang.bench_serving "
-        + " ".join(d["bench_serving_args"])
-        + f" --seed {d['settings']['seed']} --flush-cache`, medians of {d['settings']['repeats']} runs; "
-        "each worker's requests and prompt tokens computed from the server log.",
+        *command,
+        "",
+        wrap(
+            f"{where}. Medians of {d['settings']['repeats']} runs of the client below; each "
+            "worker's requests and prompt tokens computed from the server log."
+        ),
+        "",
+        *command_block(
+            f"python -m sglang.bench_serving {client} --seed {d['settings']['seed']} --flush-cache"
+        ),
         "",
         "| --load-balance-method | output tok/s | vs round robin | median TTFT ms | median TPOT ms | "
         "requests per worker | spread | prompt tokens computed per worker |",
@@ -134,14 +166,21 @@ def _dp_section(path: Path) -> list[str]:
 def _storm_section(path: Path) -> list[str]:
     d = json.loads(path.read_text())
     summary = d["summary"]
+    command, where = _provenance(d)
     lines = [
         "## Abort storm on a live server: `feather-bench-abort-storm`",
         "",
-        _provenance_line(d) + f"; {d['settings']['requests']:,} requests a cycle, "
-        f"{d['settings']['disconnect']:.0%} of clients giving up, {d['settings']['reuse']:.0%} reused rids, "
-        f"--max-queued-requests {d['settings']['max_queued_requests']}.",
+        *command,
         "",
-        "| cycle | seconds | answered 200 | turned away (503) | gave up | other | feather tracks after (requests, CHT nodes) | scheduler RSS MB |",
+        wrap(
+            f"{where}; {d['settings']['requests']:,} requests a cycle, "
+            f"{d['settings']['disconnect']:.0%} of clients giving up, "
+            f"{d['settings']['reuse']:.0%} reused rids, "
+            f"--max-queued-requests {d['settings']['max_queued_requests']}."
+        ),
+        "",
+        "| cycle | seconds | answered 200 | turned away (503) | gave up | other | "
+        "feather tracks after (requests, CHT nodes) | scheduler RSS MB |",
         "|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in d["rows"]:
@@ -153,9 +192,11 @@ def _storm_section(path: Path) -> list[str]:
         )
     lines += [
         "",
-        f"Scheduler memory grew {summary['scheduler_rss_growth_mb']} MB from the first cycle to the last "
-        f"({summary['scheduler_rss_growth_from_start_mb']} MB from start-up); failed checks: "
-        f"{', '.join(summary['failures']) or 'none'}.",
+        wrap(
+            f"Scheduler memory grew {summary['scheduler_rss_growth_mb']} MB from the first cycle "
+            f"to the last ({summary['scheduler_rss_growth_from_start_mb']} MB from start-up); "
+            f"failed checks: {', '.join(summary['failures']) or 'none'}."
+        ),
     ]
     return lines
 
@@ -167,9 +208,11 @@ def results_markdown() -> str:
     parts = [
         "# Results",
         "",
-        "Generated by `python -m feather_bench.docs` from the JSON under `results/`; every table names "
-        "the command that wrote it, the machine and the date. How each benchmark measures: "
-        "[benchmarks.md](benchmarks.md).",
+        wrap(
+            "Generated by `python -m feather_bench.docs` from the JSON under `results/`; every "
+            "table names the command that wrote it, the machine and the date. How each benchmark "
+            "measures: [benchmarks.md](benchmarks.md)."
+        ),
         "",
     ]
     bench_dir = REPO / "results" / "bench_serving"

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from feather_bench.tools.machine import describe, git_state
+from feather_bench.tools.markdown import command_block, wrap
 from feather_bench.tools.server import SGLangServer
 
 STOCK_POLICIES = ("fcfs", "lpm", "dfs-weight")
@@ -282,8 +283,8 @@ that differ from the first configuration's (bf16 rounds at ~1e-2, so near-ties c
 def headline(results: list[dict]) -> str:
     """One row per workload: feather on each backend against the best stock policy there."""
     lines = [
-        "| workload | feather + feather vs best stock, feather backend | feather + torch_native vs best "
-        "stock, torch_native | feather + feather vs best torch_native | feather's p99 TTFT vs fcfs "
+        "| workload | feather vs best stock, feather backend | feather vs best stock, torch_native | "
+        "feather + feather vs best torch_native | feather's p99 TTFT vs fcfs "
         "(feather / torch_native backend) |",
         "|---|---|---|---|---|",
     ]
@@ -314,13 +315,20 @@ def report(out_dir: Path) -> str:
     for r in results:
         name, m = r["workload"], r["machine"]
         server = " ".join(a for a in r["rows"][0]["server_args"][2:]) or "defaults"
+        client = command_block(
+            f"python -m sglang.bench_serving {' '.join(r['bench_serving_args'])} --seed {r['seed']} "
+            "--flush-cache --warmup-requests 1"
+        )
+        where = wrap(
+            f"Servers: `--schedule-policy P --attention-backend B` ({server}); medians of "
+            f"{r['repeats']} runs per server. {m['cpu']}, {m['cores']} cores, "
+            f"sglang {m['versions']['sglang']}, torch {m['versions']['torch']}, {r['date'][:10]}, "
+            f"commit `{(r['git']['commit'] or 'unknown')[:10]}`."
+        )
         parts.append(
             f"### {name}: {r['description']}\n\n"
-            f"`python -m sglang.bench_serving {' '.join(r['bench_serving_args'])} --seed {r['seed']} "
-            f"--flush-cache --warmup-requests 1`; servers: `--schedule-policy P --attention-backend B` "
-            f"({server}); medians of {r['repeats']} runs per server. {m['cpu']}, {m['cores']} cores, "
-            f"sglang {m['versions']['sglang']}, torch {m['versions']['torch']}, {r['date'][:10]}, "
-            f"commit `{(r['git']['commit'] or 'unknown')[:10]}`.\n\n{table(r['rows'])}\n"
+            + "\n".join(client)
+            + f"\n\n{where}\n\n{table(r['rows'])}\n"
         )
     return "\n".join(parts)
 

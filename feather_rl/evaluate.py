@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from feather_bench.tools.markdown import command_block, wrap
 from feather_rl import provenance, workload_specs
 from feather_rl.episodes import make, run_episode
 
@@ -216,9 +217,15 @@ def serving_markdown(data: dict, json_path: str) -> str:
     regimes = list(dict.fromkeys(r["workload"] for r in rows))
     by = {(r["agent"], r["workload"]): r for r in rows}
     m = prov["machine"]
+    commit = ((prov.get("git") or {}).get("commit") or "?")[:12]
     lines = [
-        f"`{prov['command']}` ({prov['date']}, {m.get('cpu', '?')}, commit {(prov.get('git') or {}).get('commit', '?')[:12]}; "
-        f"{len(rows[0]['seeds'])} seeds per regime; simulated output tok/s, mean over seeds; from `{json_path}`)",
+        *command_block(prov["command"]),
+        "",
+        wrap(
+            f"Run {prov['date']} on {m.get('cpu', '?')}, commit {commit}; "
+            f"{len(rows[0]['seeds'])} seeds per regime; simulated output tok/s, mean over seeds; "
+            f"from `{json_path}`."
+        ),
         "",
         "| regime | " + " | ".join(f"`{_short(a)}`" for a in agents) + " |",
         "|---|" + "---:|" * len(agents),
@@ -235,14 +242,18 @@ def serving_markdown(data: dict, json_path: str) -> str:
     if "trained" in summary:
         lines += [
             "",
-            f"Trained agent `{_short(summary['trained'])}`: "
-            + "; ".join(
-                f"{k.removeprefix('trained_vs_').replace('_', '-')} {summary[k]:.3f}x (lowest regime {summary[k + '_min']:.3f}x)"
-                for k in ("trained_vs_static", "trained_vs_always_add", "trained_vs_best_fixed")
+            wrap(
+                f"Trained agent `{_short(summary['trained'])}`: "
+                + "; ".join(
+                    f"{k.removeprefix('trained_vs_').replace('_', '-')} {summary[k]:.3f}x (lowest regime {summary[k + '_min']:.3f}x)"
+                    for k in ("trained_vs_static", "trained_vs_always_add", "trained_vs_best_fixed")
+                )
+                + "."
             ),
         ]
     if "bound_vs_always_add" in summary:
-        lines += ["", bound_sentence(summary)[0].upper() + bound_sentence(summary)[1:] + "."]
+        bound = bound_sentence(summary)
+        lines += ["", wrap(bound[0].upper() + bound[1:] + ".")]
     return "\n".join(lines)
 
 
