@@ -75,3 +75,15 @@ def test_no_commit_hashes_in_the_tree():
         if not line.endswith((" missing", " ambiguous"))
     ]
     assert commits == []
+
+
+def test_no_markdown_line_over_200_characters():
+    """Tables keep one row per line, so long prose goes under them; generated pages wrap."""
+    offenders = [
+        f"{p.relative_to(REPO)}:{n}: {len(line)}"
+        for p in _tree_files()
+        if p.suffix == ".md"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if len(line) > 200
+    ]
+    assert offenders == []
