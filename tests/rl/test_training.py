@@ -168,3 +168,37 @@ def test_serving_env_training_uses_sb3_callbacks_and_overrides(tmp_path):
             ["--out", str(tmp_path / "x"), "--hyperparams", "no_such_knob=1", "--timesteps", "10"]
         )
     assert train.serving_ppo_kwargs()["gamma"] == 0.999  # from hyperparams/ppo.yml
+
+
+def test_tensorboard_log_has_rollout_and_eval_scalars(tmp_path, monkeypatch):
+    """--tensorboard-log DIR (SB3's tensorboard_log) writes event files in DIR/PPO_1 with the
+    training statistics and EvalCallback's held-out reward; --tensorboard is the same flag."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setattr(train, "BASELINE_EPISODES", 3)  # the plot's baselines: not tested here
+
+    tb = tmp_path / "tb"
+    args = [
+        "--timesteps",
+        "2048",
+        "--n-envs",
+        "2",
+        "--eval-every",
+        "2048",
+        "--checkpoint-every",
+        "100000",
+        "--hyperparams",
+        "n_steps=256",
+        "batch_size=64",
+    ]
+    assert train.main([*args, "--out", str(tmp_path / "run"), "--tensorboard-log", str(tb)]) == 0
+    acc = EventAccumulator(str(tb / "PPO_1"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"rollout/ep_rew_mean", "eval/mean_reward"} <= tags, sorted(tags)
+    assert [e.step for e in acc.Scalars("eval/mean_reward")][-1] == 2048
+    # the older spelling is an alias; a second run gets the next run folder, as in SB3
+    # (--timesteps 0: the logger is set up, nothing is trained)
+    run2 = [*args, "--timesteps", "0", "--out", str(tmp_path / "run2"), "--tensorboard", str(tb)]
+    assert train.main(run2) == 0
+    assert (tb / "PPO_2").is_dir()
