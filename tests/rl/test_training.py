@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
+import pytest
 
 import feather_rl
 from feather_rl import evaluate, train
@@ -161,7 +166,6 @@ def test_serving_env_training_uses_sb3_callbacks_and_overrides(tmp_path):
     make_agent(
         FeatherConfig(agent=f"ppo:{out / 'best_model.zip'}")
     )  # loads: manifest, layout, weights
-    import pytest
 
     with pytest.raises(SystemExit):
         train.main(
@@ -202,3 +206,32 @@ def test_tensorboard_log_has_rollout_and_eval_scalars(tmp_path, monkeypatch):
     run2 = [*args, "--timesteps", "0", "--out", str(tmp_path / "run2"), "--tensorboard", str(tb)]
     assert train.main(run2) == 0
     assert (tb / "PPO_2").is_dir()
+
+
+def test_rl_zoo3_trains_from_the_same_hyperparameter_file(tmp_path):
+    """The command in docs/rl.md: rl-zoo3 reads feather_rl/hyperparams/ppo.yml (where rl-zoo3 is
+    installed; it is not part of the pinned install set, see docs/rl.md)."""
+    pytest.importorskip("rl_zoo3")
+    repo = Path(__file__).resolve().parents[2]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rl_zoo3.train",
+        "--algo",
+        "ppo",
+        "--env",
+        feather_rl.SERVING_ENV_ID,
+        "--gym-packages",
+        "feather_rl",
+        "--conf-file",
+        str(train.HYPERPARAMS),
+        "-n",
+        "1000",
+        "--log-folder",
+        str(tmp_path / "logs"),
+    ]
+    path = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert list((tmp_path / "logs" / "ppo").glob("feather-Serving-v0_*/feather-Serving-v0.zip"))
