@@ -1,7 +1,7 @@
 """``feather-train``: train a stop/add policy with Stable-Baselines3 in ``feather/Serving-v0``.
 
     feather-train --algo ppo --timesteps 300000 --n-envs 4 --seed 0 --out results/runs/ppo-seed0
-    feather-train --algo ppo --hyperparams learning_rate=1e-4 n_steps=2048 --tensorboard runs/tb ...
+    feather-train --algo ppo --hyperparams learning_rate=1e-4 n_steps=2048 --tensorboard-log runs/tb ...
     feather-train --algo ppo --timesteps 300000 --out results/runs/ppo-seed0 --resume   # continue
     feather-train --env batch --workloads gsp,no-sharing ...   # static batches priced by real runs
 
@@ -13,7 +13,8 @@ Writes into ``--out``: ``model.zip`` (serve it with ``--feather-agent ppo:result
 ``--resume`` continues from; DQN also keeps its replay buffer), ``best_model.zip`` and ``eval/``
 (serving env: SB3's EvalCallback on the held-out regimes every ``--eval-every`` steps),
 ``monitor/`` or ``monitor.csv`` (one line per episode: return, length), ``progress.csv`` (SB3's
-training statistics; TensorBoard too with ``--tensorboard DIR``),
+training statistics; with ``--tensorboard-log DIR``, TensorBoard event files too, in
+``DIR/PPO_N`` or ``DIR/DQN_N`` as SB3 names them),
 ``learning_curve.png`` (episode return against timesteps, with the baselines' mean returns in
 the same environment) and ``provenance.json``.
 """
@@ -240,10 +241,13 @@ def main(argv: list[str] | None = None) -> int:
         f"(defaults: {HYPERPARAMS.relative_to(HYPERPARAMS.parents[2])} for PPO in the serving env)",
     )
     ap.add_argument(
+        "--tensorboard-log",
         "--tensorboard",
+        dest="tensorboard_log",
         metavar="DIR",
         default=None,
-        help="also log to TensorBoard in DIR (needs the tensorboard package)",
+        help="also log to TensorBoard, in DIR/PPO_N or DIR/DQN_N (SB3's tensorboard_log; "
+        "needs the tensorboard package)",
     )
     ap.add_argument(
         "--resume",
@@ -264,11 +268,11 @@ def main(argv: list[str] | None = None) -> int:
             overrides[key] = value  # a plain string, e.g. a schedule's name
     if overrides and args.resume:
         ap.error("--hyperparams applies to a new run, not to --resume")
-    if args.tensorboard:
+    if args.tensorboard_log:
         try:
             import tensorboard  # noqa: F401
         except ImportError:
-            ap.error("--tensorboard needs the tensorboard package (pip install tensorboard)")
+            ap.error("--tensorboard-log needs the tensorboard package (pip install tensorboard)")
 
     import stable_baselines3 as sb3
     import torch
@@ -278,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         CheckpointCallback,
         EvalCallback,
     )
-    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.logger import Logger, make_output_format
+    from stable_baselines3.common.utils import get_latest_run_id
     from tqdm import tqdm
 
     torch.set_num_threads(1)
@@ -320,12 +325,21 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed,
                 device="cpu",
                 verbose=0,
-                tensorboard_log=args.tensorboard,
+                tensorboard_log=args.tensorboard_log,
                 **{**kwargs, **overrides},
             )
         except TypeError as e:
             ap.error(f"--hyperparams: {e}")
-    model.set_logger(configure(str(out), ["csv", *(["tensorboard"] if args.tensorboard else [])]))
+    formats = [make_output_format("csv", str(out))]
+    if args.tensorboard_log:
+        # SB3's layout: a new run in DIR/PPO_<latest + 1>; a resumed run continues the latest
+        name = cls.__name__
+        run_id = get_latest_run_id(args.tensorboard_log, name)
+        if not (args.resume and run_id):
+            run_id += 1
+        tb_dir = Path(args.tensorboard_log) / f"{name}_{run_id}"
+        formats.append(make_output_format("tensorboard", str(tb_dir)))
+    model.set_logger(Logger(str(out), formats))
     done_before = model.num_timesteps
     remaining = args.timesteps - done_before
     if remaining <= 0:

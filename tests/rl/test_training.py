@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
+import pytest
 
 import feather_rl
 from feather_rl import evaluate, train
@@ -161,10 +166,72 @@ def test_serving_env_training_uses_sb3_callbacks_and_overrides(tmp_path):
     make_agent(
         FeatherConfig(agent=f"ppo:{out / 'best_model.zip'}")
     )  # loads: manifest, layout, weights
-    import pytest
 
     with pytest.raises(SystemExit):
         train.main(
             ["--out", str(tmp_path / "x"), "--hyperparams", "no_such_knob=1", "--timesteps", "10"]
         )
     assert train.serving_ppo_kwargs()["gamma"] == 0.999  # from hyperparams/ppo.yml
+
+
+def test_tensorboard_log_has_rollout_and_eval_scalars(tmp_path, monkeypatch):
+    """--tensorboard-log DIR (SB3's tensorboard_log) writes event files in DIR/PPO_1 with the
+    training statistics and EvalCallback's held-out reward; --tensorboard is the same flag."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setattr(train, "BASELINE_EPISODES", 3)  # the plot's baselines: not tested here
+
+    tb = tmp_path / "tb"
+    args = [
+        "--timesteps",
+        "2048",
+        "--n-envs",
+        "2",
+        "--eval-every",
+        "2048",
+        "--checkpoint-every",
+        "100000",
+        "--hyperparams",
+        "n_steps=256",
+        "batch_size=64",
+    ]
+    assert train.main([*args, "--out", str(tmp_path / "run"), "--tensorboard-log", str(tb)]) == 0
+    acc = EventAccumulator(str(tb / "PPO_1"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"rollout/ep_rew_mean", "eval/mean_reward"} <= tags, sorted(tags)
+    assert [e.step for e in acc.Scalars("eval/mean_reward")][-1] == 2048
+    # the older spelling is an alias; a second run gets the next run folder, as in SB3
+    # (--timesteps 0: the logger is set up, nothing is trained)
+    run2 = [*args, "--timesteps", "0", "--out", str(tmp_path / "run2"), "--tensorboard", str(tb)]
+    assert train.main(run2) == 0
+    assert (tb / "PPO_2").is_dir()
+
+
+def test_rl_zoo3_trains_from_the_same_hyperparameter_file(tmp_path):
+    """The command in docs/rl.md: rl-zoo3 reads feather_rl/hyperparams/ppo.yml (where rl-zoo3 is
+    installed; it is not part of the pinned install set, see docs/rl.md)."""
+    pytest.importorskip("rl_zoo3")
+    repo = Path(__file__).resolve().parents[2]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rl_zoo3.train",
+        "--algo",
+        "ppo",
+        "--env",
+        feather_rl.SERVING_ENV_ID,
+        "--gym-packages",
+        "feather_rl",
+        "--conf-file",
+        str(train.HYPERPARAMS),
+        "-n",
+        "1000",
+        "--log-folder",
+        str(tmp_path / "logs"),
+    ]
+    path = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert list((tmp_path / "logs" / "ppo").glob("feather-Serving-v0_*/feather-Serving-v0.zip"))

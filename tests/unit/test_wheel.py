@@ -1,9 +1,11 @@
 """The wheel works outside the checkout: built from a copy of the sources, installed into an
 empty folder, its console scripts' modules load from there (not from the checkout or an
-editable install) and answer ``--help``, and the package data is in it."""
+editable install) and answer ``--help``, feather-eval and feather-train run from it, and the
+package data is in it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -73,8 +75,10 @@ def test_the_wheel_holds_the_package_data(wheel):
         assert f"{script} = {module}:main" in text
 
 
-def test_the_installed_wheel_runs_outside_the_checkout(wheel, tmp_path):
-    target = tmp_path / "site"
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """The wheel installed (without dependencies) into an empty folder."""
+    target = tmp_path_factory.mktemp("site")
     install = subprocess.run(
         [
             sys.executable,
@@ -93,27 +97,57 @@ def test_the_installed_wheel_runs_outside_the_checkout(wheel, tmp_path):
         timeout=300,
     )
     assert install.returncode == 0, install.stderr[-3000:]
-    cwd = tmp_path / "elsewhere"
-    cwd.mkdir()
+    return target
+
+
+def _run(target: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python ARGS`` in ``cwd`` with the installed wheel, not the checkout, on the path."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PYTHONPATH=str(target), PYTHONWARNINGS="ignore")
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_installed_wheel_runs_outside_the_checkout(installed, tmp_path):
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
     for script, module in COMMANDS.items():
-        where = subprocess.run(
-            [sys.executable, "-c", f"import {module} as m; print(m.__file__)"],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        where = _run(installed, cwd, "-c", f"import {module} as m; print(m.__file__)")
         assert where.returncode == 0, where.stderr[-3000:]
-        assert Path(where.stdout.strip().splitlines()[-1]).is_relative_to(target), where.stdout
-        helped = subprocess.run(
-            [sys.executable, "-m", module, "--help"],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        assert Path(where.stdout.strip().splitlines()[-1]).is_relative_to(installed), where.stdout
+        helped = _run(installed, cwd, "-m", module, "--help")
         assert helped.returncode == 0 and "usage:" in helped.stdout, (script, helped.stderr[-3000:])
+
+
+def test_the_installed_wheel_evaluates_and_trains(installed, tmp_path):
+    """feather-eval and a short feather-train from the installed wheel, in an empty folder: the
+    step costs, regimes, hyperparameters and baselines come from the wheel's package data."""
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    out = tmp_path / "eval.json"
+    evaluated = _run(
+        installed,
+        cwd,
+        *("-m", COMMANDS["feather-eval"], "--regimes", "memory-ample/feather", "--seeds", "1"),
+        *("--agents", "static,always-add", "--json", str(out)),
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["agent"], r["workload"]) for r in rows} >= {
+        ("static", "memory-ample/feather"),
+        ("always-add", "memory-ample/feather"),
+    }
+    assert all(r["mean_reward"] > 0 for r in rows)
+    run = tmp_path / "run"
+    trained = _run(
+        installed,
+        cwd,
+        *("-m", COMMANDS["feather-train"], "--timesteps", "512", "--n-envs", "1"),
+        *("--eval-every", "0", "--hyperparams", "n_steps=256", "batch_size=64", "--out", str(run)),
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    for name in ("model.zip", "latest.zip", "progress.csv", "provenance.json"):
+        assert (run / name).exists(), name
+    assert json.loads((run / "provenance.json").read_text())["training"]["timesteps_done"] >= 512
+    assert list(cwd.iterdir()) == []  # nothing written where it ran
