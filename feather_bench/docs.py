@@ -132,31 +132,53 @@ def _provenance(d: dict) -> tuple[list[str], str]:
 
 
 def _dp_section(path: Path) -> list[str]:
+    return _workers_section(
+        path, "## Data-parallel workers: `feather-bench-dp`", "--load-balance-method", "method"
+    )
+
+
+def _router_section(path: Path) -> list[str]:
+    return _workers_section(
+        path,
+        "## Separate servers behind sglang-router: `feather-bench-router`",
+        "sglang-router --policy",
+        "policy",
+        "each worker's requests and prompt tokens computed from its own log",
+    )
+
+
+def _workers_section(
+    path: Path,
+    title: str,
+    column: str,
+    key: str,
+    counted: str = "each worker's requests and prompt tokens computed from the server log",
+) -> list[str]:
     d = json.loads(path.read_text())
     command, where = _provenance(d)
     client = " ".join(d["bench_serving_args"])
     lines = [
-        "## Data-parallel workers: `feather-bench-dp`",
+        title,
         "",
         *command,
         "",
         wrap(
-            f"{where}. Medians of {d['settings']['repeats']} runs of the client below; each "
-            "worker's requests and prompt tokens computed from the server log."
+            f"{where}. Medians of {d['settings']['repeats']} runs of the client below; "
+            f"{counted}."
         ),
         "",
         *command_block(
             f"python -m sglang.bench_serving {client} --seed {d['settings']['seed']} --flush-cache"
         ),
         "",
-        "| --load-balance-method | output tok/s | vs round robin | median TTFT ms | median TPOT ms | "
+        f"| {column} | output tok/s | vs round robin | median TTFT ms | median TPOT ms | "
         "requests per worker | spread | prompt tokens computed per worker |",
         "|---|---:|---:|---:|---:|---|---:|---|",
     ]
     for r in d["rows"]:
         ratio = "-" if r.get("vs_round_robin") is None else f"{r['vs_round_robin']:.2f}x"
         lines.append(
-            f"| {r['method']} | {r['output_throughput']:.1f} | {ratio} | {r['median_ttft_ms']:,.0f} | "
+            f"| {r[key]} | {r['output_throughput']:.1f} | {ratio} | {r['median_ttft_ms']:,.0f} | "
             f"{r['median_tpot_ms']:,.0f} | {' / '.join(str(w['requests']) for w in r['workers'])} | "
             f"{r['request_spread']:.0%} | {' / '.join(format(w['new_tokens'], ',') for w in r['workers'])} |"
         )
@@ -236,6 +258,7 @@ def results_markdown() -> str:
         parts += _scale_section(scale) + [""]
     for path, section in (
         (REPO / "results" / "dp" / "dp.json", _dp_section),
+        (REPO / "results" / "router" / "router.json", _router_section),
         (REPO / "results" / "reliability" / "abort_storm.json", _storm_section),
     ):
         if path.exists():

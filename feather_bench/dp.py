@@ -19,21 +19,25 @@ import re
 import sys
 from pathlib import Path
 
+# SGLang's prefill line: ``[date time DPn] Prefill batch, ...`` from a --dp-size server,
+# ``[date time] Prefill batch, ...`` from a server with one worker
 PREFILL = re.compile(
-    r"DP(\d+)\] Prefill batch, #new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+)"
+    r"(?:DP(\d+)|\d\d:\d\d:\d\d)\] Prefill batch, #new-seq: (\d+), #new-token: (\d+), "
+    r"#cached-token: (\d+)"
 )
 METHODS = ("round_robin", "prefix_group")
 
 
 def per_worker(log_text: str, workers: int, skip: int = 0) -> list[dict]:
     """Each worker's requests admitted, prompt tokens computed and cached tokens, from the
-    server log's prefill lines (the first ``skip`` lines of each worker left out: warm-up)."""
+    server log's prefill lines (the first ``skip`` lines of each worker left out: warm-up).
+    Lines tagged ``DPn`` count for worker n, untagged ones (a one-worker server's) for worker 0."""
     rows = [
         {"worker": w, "requests": 0, "new_tokens": 0, "cached_tokens": 0} for w in range(workers)
     ]
     seen = [0] * workers
     for rank, seqs, new, cached in PREFILL.findall(log_text):
-        w = int(rank)
+        w = int(rank or 0)
         seen[w] += 1
         if seen[w] <= skip:
             continue
@@ -49,15 +53,10 @@ def spread(counts: list[int]) -> float:
     return (max(counts) - min(counts)) / mean if mean else 0.0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="feather-bench-dp",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def workload_arguments(ap: argparse.ArgumentParser) -> None:
+    """The model, the shared-prefix workload and the repeats, as feather-bench-dp and
+    feather-bench-router take them (same defaults, so that the two measure the same thing)."""
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct", help="default: %(default)s")
-    ap.add_argument("--dp-size", type=int, default=2, help="workers (default: %(default)s)")
-    ap.add_argument("--methods", default=",".join(METHODS), help="default: %(default)s")
     ap.add_argument("--groups", type=int, default=16, help="default: %(default)s")
     ap.add_argument("--prompts-per-group", type=int, default=8, help="default: %(default)s")
     ap.add_argument("--system-prompt-len", type=int, default=1024, help="default: %(default)s")
@@ -65,6 +64,59 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="default: %(default)s")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--server-args", default="", help="more SGLang server flags, as one string")
+
+
+def gsp_bench_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """bench_serving's generated-shared-prefix arguments for ``workload_arguments``' values."""
+    from feather_bench import serving
+
+    return (
+        *serving._GSP[:2],
+        "--gsp-question-len",
+        "32",
+        "--gsp-output-len",
+        str(args.output_len),
+        "--gsp-num-groups",
+        str(args.groups),
+        "--gsp-prompts-per-group",
+        str(args.prompts_per_group),
+        "--gsp-system-prompt-len",
+        str(args.system_prompt_len),
+        "--num-prompts",
+        str(args.groups * args.prompts_per_group),
+    )
+
+
+def ratios_and_table(rows: list[dict], key: str) -> str:
+    """Sets each row's ``vs_round_robin`` (output throughput over the ``round_robin`` row's) and
+    returns the table: throughput, latencies and each worker's requests and prompt tokens."""
+    base = next((r for r in rows if r[key] == "round_robin"), None)
+    for r in rows:
+        r["vs_round_robin"] = r["output_throughput"] / base["output_throughput"] if base else None
+    lines = [
+        f"{key:<14} {'out tok/s':>10} {'vs rr':>6} {'TTFT p50 ms':>12} {'TPOT p50 ms':>12} "
+        f"{'requests per worker':>20} {'spread':>7} {'prompt tokens computed':>23}"
+    ]
+    for r in rows:
+        counts = "/".join(str(w["requests"]) for w in r["workers"])
+        computed = "/".join(str(w["new_tokens"]) for w in r["workers"])
+        ratio = "-" if r["vs_round_robin"] is None else f"{r['vs_round_robin']:.2f}x"
+        lines.append(
+            f"{r[key]:<14} {r['output_throughput']:>10.1f} {ratio:>6} {r['median_ttft_ms']:>12.0f} "
+            f"{r['median_tpot_ms']:>12.0f} {counts:>20} {r['request_spread']:>7.1%} {computed:>23}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="feather-bench-dp",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    workload_arguments(ap)
+    ap.add_argument("--dp-size", type=int, default=2, help="workers (default: %(default)s)")
+    ap.add_argument("--methods", default=",".join(METHODS), help="default: %(default)s")
     ap.add_argument("--json", default="results/dp/dp.json", help="default: %(default)s")
     args = ap.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
@@ -80,21 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     from feather_rl.provenance import record, write_json
 
     out_dir = Path(args.json).parent
-    bench_args = (
-        *serving._GSP[:2],
-        "--gsp-question-len",
-        "32",
-        "--gsp-output-len",
-        str(args.output_len),
-        "--gsp-num-groups",
-        str(args.groups),
-        "--gsp-prompts-per-group",
-        str(args.prompts_per_group),
-        "--gsp-system-prompt-len",
-        str(args.system_prompt_len),
-        "--num-prompts",
-        str(args.groups * args.prompts_per_group),
-    )
+    bench_args = gsp_bench_args(args)
     serving.WORKLOADS["dp"] = ("data-parallel workload", bench_args, ())
     rows = []
     for method in methods:
@@ -117,21 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         row.pop("generated_texts", None)
         rows.append(row)
-    base = next((r for r in rows if r["method"] == "round_robin"), None)
-    for r in rows:
-        r["vs_round_robin"] = r["output_throughput"] / base["output_throughput"] if base else None
-    print(
-        f"{'method':<14} {'out tok/s':>10} {'vs rr':>6} {'TTFT p50 ms':>12} {'TPOT p50 ms':>12} "
-        f"{'requests per worker':>20} {'spread':>7} {'prompt tokens computed':>23}"
-    )
-    for r in rows:
-        counts = "/".join(str(w["requests"]) for w in r["workers"])
-        computed = "/".join(str(w["new_tokens"]) for w in r["workers"])
-        ratio = "-" if r["vs_round_robin"] is None else f"{r['vs_round_robin']:.2f}x"
-        print(
-            f"{r['method']:<14} {r['output_throughput']:>10.1f} {ratio:>6} {r['median_ttft_ms']:>12.0f} "
-            f"{r['median_tpot_ms']:>12.0f} {counts:>20} {r['request_spread']:>7.1%} {computed:>23}"
-        )
+    print(ratios_and_table(rows, "method"))
     write_json(
         args.json,
         {

@@ -153,8 +153,6 @@ def run_config(model: str, policy: str, backend: str, workload: str, args, out_d
     """Start one server, run bench_serving ``args.repeats`` times, stop it; the medians."""
     _, bench_args, server_args = WORKLOADS[workload]
     name = f"{policy}+{backend}"
-    jsonl = out_dir / f"{workload}.{name}.jsonl"
-    jsonl.unlink(missing_ok=True)
     extra = ["--attention-backend", backend, *server_args, *shlex.split(args.server_args)]
     if policy == "feather" and args.feather_args:
         extra += shlex.split(args.feather_args)
@@ -169,39 +167,64 @@ def run_config(model: str, policy: str, backend: str, workload: str, args, out_d
             else {}
         ),
     ) as server:
-        for repeat in range(args.repeats):
-            command = [
-                sys.executable,
-                "-m",
-                "sglang.bench_serving",
-                "--backend",
-                "sglang",
-                "--base-url",
-                server.url,
-                "--model",
-                model,
-                *bench_args,
-                "--seed",
-                str(args.seed),
-                "--flush-cache",
-                "--warmup-requests",
-                "1",
-                "--output-details",
-                "--output-file",
-                str(jsonl),
-                *shlex.split(args.bench_args),
-            ]
-            print(f"[bench-serving] {workload} {name} run {repeat + 1}/{args.repeats}", flush=True)
-            subprocess.run(command, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
+        runs = run_bench(
+            server.url,
+            model,
+            bench_args,
+            args,
+            out_dir / f"{workload}.{name}.jsonl",
+            workload + " " + name,
+        )
+    row = {"config": name, "policy": policy, "attention_backend": backend}
+    row.update(runs)
+    row["server_args"] = extra
+    return row
+
+
+def run_bench(
+    url: str,
+    model: str,
+    bench_args,
+    args,
+    jsonl: Path,
+    label: str,
+    before_run=None,
+    after_run=None,
+) -> dict:
+    """``python -m sglang.bench_serving`` against ``url``, ``args.repeats`` times (one warm-up
+    request, then the cache flushed through ``url``); the medians of its metrics over the runs.
+    ``before_run(repeat)`` and ``after_run(repeat)`` are called around each run."""
+    jsonl.unlink(missing_ok=True)
+    for repeat in range(args.repeats):
+        if before_run is not None:
+            before_run(repeat)
+        command = [
+            sys.executable,
+            "-m",
+            "sglang.bench_serving",
+            "--backend",
+            "sglang",
+            "--base-url",
+            url,
+            "--model",
+            model,
+            *bench_args,
+            "--seed",
+            str(args.seed),
+            "--flush-cache",
+            "--warmup-requests",
+            "1",
+            "--output-details",
+            "--output-file",
+            str(jsonl),
+            *shlex.split(args.bench_args),
+        ]
+        print(f"[bench-serving] {label} run {repeat + 1}/{args.repeats}", flush=True)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
+        if after_run is not None:
+            after_run(repeat)
     runs = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    row = {
-        "config": name,
-        "policy": policy,
-        "attention_backend": backend,
-        "runs": len(runs),
-        "jsonl": str(jsonl),
-        "server_args": extra,
-    }
+    row = {"runs": len(runs), "jsonl": str(jsonl)}
     for key in METRICS:
         row[key] = statistics.median(r[key] for r in runs)
     row["output_throughput_runs"] = [r["output_throughput"] for r in runs]

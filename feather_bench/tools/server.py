@@ -1,6 +1,7 @@
-"""Start a real ``python -m sglang.launch_server`` under a timeout, and stop it cleanly.
+"""Start a real ``python -m sglang.launch_server`` (or ``sglang_router.launch_router``) under
+a timeout, and stop it cleanly.
 
-Used by ``make demo``, the benchmarks and the end-to-end tests. The server runs in its own
+Used by ``make demo``, the benchmarks and the end-to-end tests. Each server runs in its own
 process group so that stopping it also stops its scheduler and detokenizer subprocesses;
 a server that does not become healthy in time is killed and its log tail is raised with the
 error, so nothing ever hangs a test suite.
@@ -33,60 +34,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class SGLangServer:
-    """``with SGLangServer(model, schedule_policy="feather") as server: server.url``.
+class _ServerProcess:
+    """An HTTP server run as its own process group: ``start`` waits until ``ready_path``
+    answers 200, ``stop`` ends the whole group. Subclasses set ``args``, ``env``, ``url``,
+    ``log_path`` and ``ready_timeout_s`` in their ``__init__``."""
 
-    ``launcher`` is ``launch_server`` (``python -m sglang.launch_server``) or ``serve``
-    (``sglang serve``). ``extra_args`` are passed through; on a host without a GPU the
-    plugin's CPU runtime fills in the CPU settings (see ``cpu_runtime.server_defaults``).
-    """
-
-    def __init__(
-        self,
-        model_path: str | os.PathLike,
-        schedule_policy: str = "fcfs",
-        extra_args: list[str] | tuple[str, ...] = (),
-        port: int | None = None,
-        log_path: str | os.PathLike | None = None,
-        ready_timeout_s: float = READY_TIMEOUT_S,
-        env: dict[str, str] | None = None,
-        launcher: str = "launch_server",
-    ) -> None:
-        self.model_path = str(model_path)
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ready_timeout_s = ready_timeout_s
-        self.log_path = (
-            Path(log_path)
-            if log_path
-            else Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
-        )
-        if launcher == "launch_server":
-            command = [sys.executable, "-m", "sglang.launch_server"]
-        elif launcher == "serve":  # the `sglang` console script next to this interpreter
-            command = [str(Path(sys.executable).with_name("sglang")), "serve"]
-        else:
-            raise ValueError(f"launcher must be 'launch_server' or 'serve', got {launcher!r}")
-        args = [
-            *command,
-            "--model-path",
-            self.model_path,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--schedule-policy",
-            schedule_policy,
-            *extra_args,
-        ]
-        self.args = args
-        self.env = {**os.environ, **(env or {})}
-        self.proc: subprocess.Popen | None = None
-        self.returncode: int | None = None
-        self.killed = False
+    ready_path = "/health"
+    args: list[str]
+    env: dict[str, str]
+    url: str
+    log_path: Path
+    ready_timeout_s: float
+    proc: subprocess.Popen | None = None
+    returncode: int | None = None
+    killed = False
 
     # ---- lifecycle ------------------------------------------------------------------------
-    def start(self) -> "SGLangServer":
+    def start(self) -> "_ServerProcess":
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process and return at once (``wait_ready`` then waits for it): several
+        servers launched one after another load their models at the same time."""
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             self.args,
@@ -95,14 +65,19 @@ class SGLangServer:
             env=self.env,
             start_new_session=True,
         )
-        deadline = time.monotonic() + self.ready_timeout_s
+        self._launched = time.monotonic()
+
+    def wait_ready(self) -> "_ServerProcess":
+        """Until ``ready_path`` answers 200, ``ready_timeout_s`` from the launch; a server that
+        exits or is not ready by then is stopped and ServerError raised with its log tail."""
+        deadline = self._launched + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerError(
                     f"server exited with code {self.proc.returncode} during start-up:\n{self.log_tail()}"
                 )
             try:
-                if requests.get(self.url + "/health_generate", timeout=30).status_code == 200:
+                if requests.get(self.url + self.ready_path, timeout=30).status_code == 200:
                     return self
             except requests.RequestException:
                 pass
@@ -162,8 +137,116 @@ class SGLangServer:
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
-    def __enter__(self) -> "SGLangServer":
+    def __enter__(self) -> "_ServerProcess":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class SGLangServer(_ServerProcess):
+    """``with SGLangServer(model, schedule_policy="feather") as server: server.url``.
+
+    ``launcher`` is ``launch_server`` (``python -m sglang.launch_server``) or ``serve``
+    (``sglang serve``). ``extra_args`` are passed through; on a host without a GPU the
+    plugin's CPU runtime fills in the CPU settings (see ``cpu_runtime.server_defaults``).
+    """
+
+    ready_path = "/health_generate"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        schedule_policy: str = "fcfs",
+        extra_args: list[str] | tuple[str, ...] = (),
+        port: int | None = None,
+        log_path: str | os.PathLike | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+        launcher: str = "launch_server",
+    ) -> None:
+        self.model_path = str(model_path)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ready_timeout_s = ready_timeout_s
+        self.log_path = (
+            Path(log_path)
+            if log_path
+            else Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
+        )
+        if launcher == "launch_server":
+            command = [sys.executable, "-m", "sglang.launch_server"]
+        elif launcher == "serve":  # the `sglang` console script next to this interpreter
+            command = [str(Path(sys.executable).with_name("sglang")), "serve"]
+        else:
+            raise ValueError(f"launcher must be 'launch_server' or 'serve', got {launcher!r}")
+        args = [
+            *command,
+            "--model-path",
+            self.model_path,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--schedule-policy",
+            schedule_policy,
+            *extra_args,
+        ]
+        self.args = args
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.returncode: int | None = None
+        self.killed = False
+
+
+class SGLangRouter(_ServerProcess):
+    """``with SGLangRouter([w.url for w in workers], policy="cache_aware") as router: router.url``.
+
+    ``python -m sglang_router.launch_router`` (the ``sglang-router`` package) in front of
+    already running workers; ready once its ``/readiness`` answers 200 (every worker healthy).
+    Its Prometheus exporter gets a free port too, so that routers started one after another,
+    or beside other benchmarks, do not collide on the default one. ``extra_args`` are passed
+    through (``--cache-threshold``, ``--balance-abs-threshold``, ...).
+    """
+
+    ready_path = "/readiness"
+
+    def __init__(
+        self,
+        worker_urls: list[str],
+        policy: str = "cache_aware",
+        extra_args: list[str] | tuple[str, ...] = (),
+        port: int | None = None,
+        log_path: str | os.PathLike | None = None,
+        ready_timeout_s: float = 120.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.worker_urls = list(worker_urls)
+        self.policy = policy
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ready_timeout_s = ready_timeout_s
+        self.log_path = (
+            Path(log_path)
+            if log_path
+            else Path(tempfile.mkstemp(prefix="sglang-router-", suffix=".log")[1])
+        )
+        self.args = [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--worker-urls",
+            *self.worker_urls,
+            "--policy",
+            policy,
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(free_port()),
+            *extra_args,
+        ]
+        self.env = {**os.environ, **(env or {})}

@@ -35,6 +35,21 @@ def shared_prefix_prompts(
     return items
 
 
+def grouped_prompts(groups: int, per_group: int, seed: int = 0) -> list[tuple[str, str]]:
+    """(rid, prompt): each group's system prompt differs from its first token on (a desk
+    number, then a long role text), so that groups share no chunk with each other."""
+    items = [
+        (
+            f"g{g}-q{i}",
+            f"Desk {g}. " + TOPICS[g % len(TOPICS)] * 8 + f"Question {i}: item {i * 7 + g}?",
+        )
+        for g in range(groups)
+        for i in range(per_group)
+    ]
+    random.Random(seed).shuffle(items)
+    return items
+
+
 @dataclass
 class Output:
     rid: str

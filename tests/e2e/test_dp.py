@@ -4,7 +4,6 @@ prefix group."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import random
 import re
 import signal
 import time
@@ -15,28 +14,13 @@ import pytest
 import requests
 
 from feather_bench.tools.server import SGLangServer
-from feather_bench.tools.workload import TOPICS, compare_greedy, generate_all
+from feather_bench.tools.workload import compare_greedy, generate_all, grouped_prompts
 
 pytestmark = pytest.mark.e2e
 
 IDLE_CHECK_WAIT_S = 4.0  # SGLang's idle memory check (a leaked KV slot stops the server)
 FP32 = ["--dtype", "float32"]
 KILLED_WORKER_ANSWERED_S = 90.0  # every client of a server whose worker died hears back by then
-
-
-def grouped_prompts(groups: int, per_group: int, seed: int = 0) -> list[tuple[str, str]]:
-    """(rid, prompt): each group's system prompt differs from its first token on (a desk
-    number, then a long role text), so that groups share no chunk with each other."""
-    items = [
-        (
-            f"g{g}-q{i}",
-            f"Desk {g}. " + TOPICS[g % len(TOPICS)] * 8 + f"Question {i}: item {i * 7 + g}?",
-        )
-        for g in range(groups)
-        for i in range(per_group)
-    ]
-    random.Random(seed).shuffle(items)
-    return items
 
 
 def test_two_workers_keep_groups_whole_and_generate_what_one_worker_does(tiny_model, tmp_path):

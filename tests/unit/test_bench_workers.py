@@ -1,0 +1,62 @@
+"""feather-bench-dp's and feather-bench-router's per-worker counts and worker settings, without
+servers."""
+
+from __future__ import annotations
+
+from feather_bench import router
+from feather_bench.dp import per_worker, spread
+from feather_sglang import cpu_runtime
+
+DP_LOG = """\
+[2026-01-01 10:00:00 DP1] Prefill batch, #new-seq: 2, #new-token: 60, #cached-token: 30, token usage: 0.00
+[2026-01-01 10:00:01 DP0] Prefill batch, #new-seq: 1, #new-token: 5, #cached-token: 0, token usage: 0.00
+[2026-01-01 10:00:01 DP0 TP1] Prefill batch, #new-seq: 9, #new-token: 9, #cached-token: 9, token usage: 0.00
+"""
+ONE_WORKER_LOG = """\
+[2026-01-01 10:00:00] Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00
+[2026-01-01 10:00:01] Cache flushed successfully!
+[2026-01-01 10:00:02] Prefill batch, #new-seq: 3, #new-token: 40, #cached-token: 0, token usage: 0.00
+[2026-01-01 10:00:03] Prefill batch, #new-seq: 1, #new-token: 4, #cached-token: 20, token usage: 0.00
+"""
+
+
+def test_prefill_lines_count_for_the_dp_worker_that_logged_them():
+    rows = per_worker(DP_LOG, 2)
+    assert rows[0] == {"worker": 0, "requests": 1, "new_tokens": 5, "cached_tokens": 0}
+    assert rows[1] == {"worker": 1, "requests": 2, "new_tokens": 60, "cached_tokens": 30}
+    assert per_worker(DP_LOG, 2, skip=1)[1]["requests"] == 0
+    assert spread([3, 1]) == 1.0
+
+
+def test_a_one_worker_log_counts_from_its_last_cache_flush():
+    assert router.log_counts(ONE_WORKER_LOG) == {
+        "requests": 4,
+        "new_tokens": 44,
+        "cached_tokens": 20,
+        "flushed": True,
+    }
+    whole = router.log_counts(ONE_WORKER_LOG.replace("Cache flushed successfully!", ""))
+    assert whole["requests"] == 5 and whole["flushed"] is False
+
+
+def test_each_worker_gets_its_share_of_the_cores_on_a_cpu_host(monkeypatch):
+    monkeypatch.setattr(cpu_runtime, "accelerator_present", lambda: False)
+    monkeypatch.setattr(router.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    quiet = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
+    assert router.worker_env(1, 2, None) == {
+        **quiet,
+        "SGLANG_CPU_OMP_THREADS_BIND": "2-3",
+        "OMP_NUM_THREADS": "2",
+    }
+    assert router.worker_env(0, 2, 0) == {**quiet, "SGLANG_CPU_OMP_THREADS_BIND": "0-1"}
+    assert router.worker_env(0, 8, None) == quiet  # fewer cores than workers: no binding
+    assert router.worker_server_args("--dtype float32") == [
+        "--dtype",
+        "float32",
+        "--max-total-tokens",
+        str(cpu_runtime.MULTI_RANK_KV_TOKENS),
+    ]
+    assert router.worker_server_args("--max-total-tokens 4096") == ["--max-total-tokens", "4096"]
+    monkeypatch.setattr(cpu_runtime, "accelerator_present", lambda: True)
+    assert router.worker_env(0, 2, None) == quiet
+    assert router.worker_server_args("") == []
