@@ -45,10 +45,10 @@ def test_cache_aware_router_over_two_workers_generates_what_one_server_does(tiny
         )
         for i in range(2)
     ]
-    single = SGLangServer(
+    single = SGLangServer(  # a fixed pool as the workers have: three servers load at once
         tiny_model,
         "feather",
-        FP32,
+        [*FP32, "--max-total-tokens", "65536"],
         log_path=tmp_path / "single.log",
         ready_timeout_s=READY_TIMEOUT_S,
     )
