@@ -1,35 +1,6 @@
 """Chunked Hash Tree (CHT): which waiting request best fits the running batch's prefixes.
 
-Feather ("Requests of a Feather Must Flock Together") replaces a radix-tree walk per
-scheduling pass with incremental bookkeeping over cumulative chunk hashes. A request is its
-keys, one per chunk of ``chunk_size`` tokens: key ``i`` is (level ``i``, hash of chunks
-``0..i``) from :func:`chunk_hashes`. The *working set* counts how many RUNNING requests hold
-each key; a waiting request's *deficit* is how many of its keys are not in it (its chunks no
-running request shares). For the stop/add agent it also exposes the *shared chain*: the
-leading keys held by every running request, and how far a candidate would shorten it.
-
-The keys are stored path-compressed: a *node* is a run of consecutive levels that exactly
-the same requests hold (a node ends where some request's keys diverge or end), so the
-working-set count and the reverse index are kept per node, not per key. A request is the
-path from its leaf node to the root: a 20K-token prompt of a group (410 keys at chunk 50)
-is 2 nodes (the group's prefix, its own suffix), and admitting or finishing it touches those
-2 counts instead of 410. Deficits, the chain and every view are the same as per key: all
-keys of a node have the same holders.
-
-The best candidate (least deficit, earliest arrival) comes from a tournament over the tree:
-each node keeps a lazily invalidated min-heap of its own best entries, one per waiting request
-ending at it and one per child, each keyed by (chunks missing below the node, arrival). A
-request's deficit is the sum of the missing chunks on its path, so when a node's running count
-crosses zero only its own key in its parent's heap changes, and the change climbs the path
-while the best keys change. A group's first admission or last departure therefore costs
-O(path x log fan-out), not an update of every waiting member of the group.
-
-A node also keeps a reference to the prompt tokens of one request through it (no copy:
-SGLang's ``array('q')`` itself, never a buffer view of it, so SGLang could still resize it).
-An arriving prompt hashes the first chunk of a node to find it, then compares the node's
-remaining tokens with its own in one vectorised comparison and takes the node's keys instead
-of hashing those chunks again: for a grouped 20K-token prompt that is ~5 us of comparison
-instead of ~50 us of per-chunk hashing.
+How it works: ``docs/design.md``, "The chunked hash tree".
 """
 
 from __future__ import annotations
@@ -51,11 +22,9 @@ from feather_sglang.chunk_hash import (
     token_bytes,
 )
 
-# NOTE: stale entries of a node's heap (pushed before a key changed, or left behind by requests
-# that left the queue) are skipped at the top; rebuilding the heap once they outnumber its live
-# ones this many times keeps memory O(live) at amortised O(1) cost per push.
+# A node's heap is rebuilt once its stale entries outnumber its live ones this many times, and
+# never for fewer stale entries than the minimum (see _compact_if_stale).
 HEAP_STALE_PER_LIVE = 2
-# Never rebuild a node's heap for fewer stale entries than this: a rebuild per push costs more.
 HEAP_COMPACT_MIN_STALE = 8
 
 
@@ -67,11 +36,7 @@ class RequestState(str, Enum):
 
 
 class CandidateView(NamedTuple):
-    """What the stop/add agent sees about one waiting candidate (lengths in chunks).
-
-    NOTE: a NamedTuple, not a frozen dataclass: one is built per pick, and a frozen
-    dataclass's ``__init__`` costs ~2.5x as much (~0.45 us against ~0.19 us here).
-    """
+    """What the stop/add agent sees about one waiting candidate (lengths in chunks)."""
 
     chunks_before: int  # shared-chain length of the running batch now
     chunks_after: int  # shared-chain length if the candidate joined
@@ -89,11 +54,8 @@ class CandidateView(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class MemoryFootprint:
-    """What the CHT holds; all zero once every request has left.
-
-    The key counts are per key (level, hash), as if stored one entry per key; ``nodes`` and
-    ``holder_entries`` are what the path-compressed store really allocates for them.
-    """
+    """What the CHT holds; all zero once every request has left. Key counts are per key, as if
+    stored one entry per key; ``nodes`` and ``holder_entries`` are what is really allocated."""
 
     requests: int
     levels: int  # the deepest level any tracked request reaches, + 1
@@ -109,26 +71,15 @@ class MemoryFootprint:
 
 @dataclass(slots=True, eq=False)
 class _Node:
-    """A run of levels ``[start, end)`` that exactly the same requests hold.
-
-    ``keys[i]`` is the key at level ``start + i`` (unsigned 64-bit, 8 bytes each in an
-    ``array('Q')``, not a list of Python ints). Every request passing through the node
-    holds all of its keys, so one running count and one waiting count serve them all. A node
-    ends where a request's keys end (``ends`` counts those requests) or where they diverge
-    (``children``, by the key at the child's first level). The root is the empty run.
-
-    ``heap`` holds entries (chunks missing below this node, arrival, version, item) for the
-    waiting requests ending here and for the children that waiting requests pass through; an
-    entry is live while ``item.version == version``. ``key`` is what this node has posted in
-    its parent's heap: (its own missing chunks + its best entry's, that entry's arrival).
-    """
+    """A run of levels ``[start, end)`` that exactly the same requests hold; ``keys[i]`` is the
+    key at level ``start + i``. ``heap`` entries: (chunks missing below, arrival, version, item),
+    live while ``item.version == version``; ``key``: what it posts in its parent's heap."""
 
     start: int
     end: int
     keys: "array.array[int] | list[int]"
     parent: "_Node | None"
-    # A prompt through it (int64 tokens, absolute positions: SGLang's array('q'), bytes or a
-    # numpy array) and where the node's tokens end in it; None when built from keys alone.
+    # A prompt through it and where the node's tokens end in it; None when built from keys.
     source: object = None
     stop: int = 0
     children: dict[int, "_Node"] = field(default_factory=dict)
@@ -154,15 +105,8 @@ class _Request:
 
 
 class ChunkedHashTree:
-    """Incremental deficits and shared-chain view over waiting and running requests.
-
-    Requests are keyed by any hashable id (SGLang's ``rid``). Costs for a request of C chunks
-    on a path of N nodes (N is the number of places its prefix branches off other tracked
-    requests' or they end: 2-4 for grouped prompts, never more than C), F the largest fan-out
-    on it: add O(C + N log F); admit/finish/retract/remove_waiting O(N log F) amortised, however
-    many waiting requests share its nodes; best O(N) amortised; shared_chain_len O(N), cached
-    until the batch changes; candidate_view O(N).
-    """
+    """Incremental deficits and shared-chain view over waiting and running requests, keyed by
+    any hashable id (SGLang's ``rid``); costs: ``docs/design.md``."""
 
     def __init__(self, chunk_size: int) -> None:
         if chunk_size < 1:
@@ -176,8 +120,7 @@ class ChunkedHashTree:
         # Entry versions are unique, so comparing entries never reaches their items.
         self._next_version = 0
         self._shared_chain: int | None = None  # cached shared-chain length
-        # Chunks the running batch attends to: each distinct key once (a prefix-shared backend
-        # reads a group's prefix once), and each running request's keys counted per request.
+        # Chunks the running batch attends to: each distinct key once, and per request.
         self.working_set_chunks = 0
         self.running_chunks = 0
 
@@ -219,8 +162,7 @@ class ChunkedHashTree:
         if self._shared_chain is None:
             length = 0
             if self._running:
-                # Every running request's path starts with the chain: walk up the first one's
-                # to the deepest node that everyone runs through (counts only grow upwards).
+                # Up the first running request's path to the node everyone runs through.
                 everyone = len(self._running)
                 node = next(iter(self._running.values())).leaf
                 while node.running != everyone and node.parent is not None:
@@ -247,8 +189,6 @@ class ChunkedHashTree:
             chunks_before = self.shared_chain_len()
         node = request.leaf
         if self._running:
-            # The chain with the candidate in it ends at the deepest node of its path that
-            # every running request runs through.
             everyone = len(self._running)
             while node.running != everyone and node.parent is not None:
                 node = node.parent
@@ -260,33 +200,22 @@ class ChunkedHashTree:
         return CandidateView(chunks_before, chunks_after, waiting, deficit, len(self._running))
 
     def waiting_shared_depth(self, rid: Hashable) -> int:
-        """Leading chunks of waiting ``rid`` that at least one OTHER waiting request holds.
-
-        O(nodes on its path). The prefix leader uses it: a group whose shared prefix is not
-        cached yet should compute it once before the rest of the group is admitted.
-        """
+        """Leading chunks of waiting ``rid`` that at least one OTHER waiting request holds."""
         return self._deepest_shared_while_waiting(rid).end
 
     def waiting_shared_beyond_running(self, rid: Hashable) -> int:
         """``waiting_shared_depth(rid)`` if running requests do not hold all of those leading
-        chunks, else 0: the prefix leader's question, in one walk up the path.
-
-        NOTE: the chunks running requests hold form a prefix of the path (an ancestor of a
-        running node is running), so the shared part reaches beyond them exactly when the
-        deepest node shared with another waiting request has no running request.
-        """
+        chunks, else 0 (an ancestor of a running node is running)."""
         node = self._deepest_shared_while_waiting(rid)
         return node.end if not node.running else 0
 
     def waiting_group(self, rid: Hashable) -> set[Hashable]:
         """Ids of the waiting requests through the deepest node of waiting ``rid``'s path that
         another waiting request shares (``rid``'s prefix group), or ``{rid}`` if it shares
-        none. O(nodes on its path + group size)."""
+        none."""
         node = self._deepest_shared_while_waiting(rid)
         if node.parent is None:  # the root: nothing shared
             return {rid}
-        # The live request entries in the heaps of the node's subtree, through the nodes that
-        # waiting requests pass.
         group, stack = set(), [node]
         while stack:
             node = stack.pop()
@@ -356,18 +285,13 @@ class ChunkedHashTree:
         )
 
     def add_waiting(self, rid: Hashable, token_ids: Iterable[int] | np.ndarray) -> None:
-        """A request arrives with its prompt token ids; it joins the waiting queue.
-
-        Its keys are ``chunk_hashes(token_ids, chunk_size)``; the chunks of nodes it shares
-        with tracked requests are compared, not hashed again (see the module docstring).
-        """
+        """A request arrives with its prompt token ids; it joins the waiting queue."""
         if rid in self._requests:
             raise ValueError(f"request {rid!r} is already tracked ({self._requests[rid].state})")
         buffer = token_bytes(token_ids)
         tokens = np.frombuffer(buffer, dtype="<i8")
         keys = self._keys_reusing_nodes(buffer, tokens)
-        # What a new node keeps: the caller's array('q') itself (a view would pin its buffer),
-        # else the int64 tokens (a view of immutable bytes or of the caller's numpy array).
+        # A new node keeps the caller's array('q') itself (a view would pin its buffer).
         in_place = (
             isinstance(token_ids, array.array)
             and token_ids.typecode in "ql"
@@ -457,8 +381,7 @@ class ChunkedHashTree:
             if child is None or child.source is None:
                 break
             stop = child.stop  # the child's end, in tokens
-            # Its chunks are the prompt's if the tokens match and the prompt's chunk at the
-            # child's last level is as long as the child's (a full chunk, or both end there).
+            # The child's chunks are the prompt's if the tokens and the last chunk's length match.
             if stop > total_tokens or (stop != total_tokens and stop != child.end * chunk):
                 break
             source = child.source
@@ -485,8 +408,7 @@ class ChunkedHashTree:
                 )
                 node.children[keys[level]] = child
                 return child
-            # Levels of the child the new keys share: equal cumulative hashes at a level mean
-            # equal at every shallower one, so the first difference is found by bisection.
+            # Equal cumulative hashes at a level are equal above it: bisect the first difference.
             start, child_keys = child.start, child.keys
             low, high = level + 1, min(child.end, total)
             while low < high:
@@ -518,8 +440,6 @@ class ChunkedHashTree:
         )
         parent.children[node.keys[0]] = upper
         node.start, node.keys, node.parent = level, node.keys[cut:], upper
-        # The lower part's entry moves from the parent's heap to the upper part's (which posts
-        # the same key in the parent's).
         self._unpost(node, parent)
         self._refresh(node)
         return upper
@@ -534,10 +454,8 @@ class ChunkedHashTree:
             self._unpost(node, node.parent)
             node = node.parent
         if not node.ends and len(node.children) == 1 and node.parent is not None:
-            # Everything through ``node`` continues into its child: one run of levels now.
             (child,) = node.children.values()
             parent = node.parent
-            # The child's prompt runs through ``node`` too: it holds the merged levels' tokens.
             child.start, child.keys, child.parent = node.start, node.keys + child.keys, parent
             parent.children[node.keys[0]] = child
             self._unpost(node, parent)
@@ -577,14 +495,8 @@ class ChunkedHashTree:
         return request
 
     def _shift_working_set(self, request: _Request, step: int) -> None:
-        """Add (step +1) or remove (step -1) a running request's keys to the working set.
-
-        A node whose running count crosses zero changes the missing chunks of every waiting
-        request through it: its own key in its parent's heap changes, and the change climbs.
-        """
-        # An admission can only shorten the chain, to the deepest node of this path that
-        # everyone (the newcomer included) runs through: found on the same walk. A departure
-        # may lengthen it anywhere: recomputed when next asked.
+        """Add (step +1) or remove (step -1) a running request's keys to the working set. An
+        admission can only shorten the chain (found on this walk); a departure resets it."""
         chain = None
         everyone = len(self._running) if step > 0 else -1
         crossed = []
@@ -654,9 +566,7 @@ def _top(node: _Node) -> tuple | None:
 
 
 def _compact_if_stale(node: _Node) -> None:
-    """Keep ``node``'s heap <= (1 + HEAP_STALE_PER_LIVE) * live + HEAP_COMPACT_MIN_STALE
-    entries: an O(len) rebuild frees >= 2 * live stale entries, each left by one push or one
-    departure, so it adds amortised O(1) to each."""
+    """Keep ``node``'s heap <= (1 + HEAP_STALE_PER_LIVE) * live + HEAP_COMPACT_MIN_STALE."""
     heap, live = node.heap, node.live
     if len(heap) - live > HEAP_STALE_PER_LIVE * live + HEAP_COMPACT_MIN_STALE:
         node.heap = [entry for entry in heap if entry[3].version == entry[2]]
@@ -664,7 +574,7 @@ def _compact_if_stale(node: _Node) -> None:
 
 
 def _deficit(request: _Request) -> int:
-    """Chunks of ``request``'s path that no running request holds: O(nodes on its path)."""
+    """Chunks of ``request``'s path that no running request holds."""
     missing, node = 0, request.leaf
     while node.parent is not None:
         if not node.running:

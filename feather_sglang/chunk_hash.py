@@ -1,14 +1,5 @@
-"""Cumulative per-chunk hashes of a token sequence, the keys of the Chunked Hash Tree.
-
-A prompt of ``n`` tokens cut into chunks of ``chunk_size`` tokens gives
-``ceil(n / chunk_size)`` hashes; the last, partial chunk counts too. Hash ``i`` covers
-chunks ``0..i``: it is the xxh3-64 digest of chunk ``i`` seeded with hash ``i - 1``
-(the same chaining nano-vllm uses for its KV blocks), so two prompts share hash ``i``
-exactly when they share their first ``i + 1`` chunks (up to 64-bit collisions).
-
-Tokens are hashed as little-endian int64, whatever container they come in, so a list
-and a numpy array of the same ids give the same hashes.
-"""
+"""Cumulative per-chunk hashes of a token sequence, the keys of the Chunked Hash Tree
+(``docs/design.md``, "Chunk hashes")."""
 
 from __future__ import annotations
 
@@ -19,8 +10,7 @@ from collections.abc import Iterable
 import numpy as np
 import xxhash
 
-# Seed of chunk 0. Any fixed value works; a non-zero one keeps chunk 0's hash from
-# being the plain unseeded xxh3 of its bytes, which other caches might also compute.
+# Seed of chunk 0: non-zero, so chunk 0's hash is not the plain unseeded xxh3 of its bytes.
 CHUNK_HASH_ROOT_SEED = 0x6665617468657221  # b"feather!"
 
 _TOKEN_DTYPE = np.dtype("<i8")
@@ -28,17 +18,9 @@ _TOKEN_BYTES = _TOKEN_DTYPE.itemsize
 
 
 def token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
-    """The token ids as one buffer of little-endian int64, 8 bytes a token (see
-    :func:`chunk_hashes` for the accepted containers; SGLang's ``array('q')`` is read in place).
-    ``np.frombuffer(token_bytes(ids), "<i8")`` views it as tokens.
-
-    NOTE: a Python list goes through ``struct`` rather than ``np.asarray``: both
-    convert in C without a Python loop over tokens, but on a 10K-token list
-    ``struct.pack`` takes about a third of the time numpy's list conversion does
-    (~35 us against ~110 us), and that conversion is the hot spot of admission.
-    """
+    """The token ids as one buffer of little-endian int64, 8 bytes a token (SGLang's
+    ``array('q')`` is read in place); ``np.frombuffer(token_bytes(ids), "<i8")`` views it."""
     if isinstance(token_ids, array.array):
-        # SGLang's Req.origin_input_ids is array("q"): read its buffer in place, no copy.
         token_ids = (
             np.frombuffer(token_ids, dtype=token_ids.typecode)
             if token_ids
@@ -60,17 +42,9 @@ def token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
 
 
 def chunk_hashes(token_ids: Iterable[int] | np.ndarray, chunk_size: int) -> list[int]:
-    """Cumulative 64-bit hashes of ``token_ids`` cut into chunks of ``chunk_size`` tokens.
-
-    Args:
-        token_ids: the prompt's token ids, a list/tuple/iterable of ints or a 1-D integer
-            numpy array, length ``n`` tokens.
-        chunk_size: tokens per chunk, >= 1.
-
-    Returns:
-        ``ceil(n / chunk_size)`` unsigned 64-bit ints; entry ``i`` covers chunks ``0..i``.
-        An empty prompt gives an empty list.
-    """
+    """Cumulative 64-bit hashes of ``token_ids`` (ints, or a 1-D integer numpy array) cut into
+    chunks of ``chunk_size`` >= 1 tokens: ``ceil(n / chunk_size)`` of them, entry ``i`` covering
+    chunks ``0..i``."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 token, got {chunk_size}")
     return hash_chunks_from(token_bytes(token_ids), chunk_size, 0, CHUNK_HASH_ROOT_SEED)
@@ -94,7 +68,7 @@ def hash_chunks_from(
     digest = xxhash.xxh3_64_intdigest
     hashes: list[int] = []
     previous = seed
-    # One xxh3 call per chunk (not per token): 200 calls for 10K tokens at chunk 50.
+    # One xxh3 call per chunk, not per token.
     for start in range(first * chunk_bytes, len(buffer), chunk_bytes):
         previous = digest(buffer[start : start + chunk_bytes], seed=previous)
         hashes.append(previous)

@@ -1,10 +1,5 @@
-"""feather's configuration: one frozen dataclass, validated on construction.
-
-Every field is reachable three ways, all validated by the same functions:
-``--feather-<field>`` on the command line (``python -m sglang.launch_server``,
-``sglang serve``), ``feather_<field>=`` keyword arguments to ``sglang.Engine``,
-and ``FeatherConfig(<field>=...)`` in code.
-"""
+"""feather's configuration: one frozen dataclass, validated on construction (the three ways to
+set it: ``docs/design.md``, "Configuration")."""
 
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ __all__ = ["FeatherConfig", "FeatherConfigError", "MIN_CHUNK_SIZE"]
 
 
 def _agent_name(name: str, value: Any) -> str:
-    """An agent name, or ``ppo:PATH`` / ``dqn:PATH`` whose file is loaded and checked here, so a
-    bad file stops start-up instead of failing mid-serving."""
+    """An agent name, or ``ppo:PATH`` / ``dqn:PATH`` whose file is loaded and checked here."""
     try:
         return agents.validate_agent(value)
     except ValueError as exc:
@@ -36,10 +30,7 @@ def _agent_name(name: str, value: Any) -> str:
 MIN_CHUNK_SIZE = 8
 
 
-# NOTE: 50 tokens per chunk is the value in the public code derived from the paper's
-# fork; smaller chunks see finer prefix differences but cost more keys per request.
-# NOTE: the CHT keeps one key per chunk per distinct path, so its memory per prompt token
-# grows as chunks shrink; the floor bounds that, whatever the waiting queue holds.
+# The default chunk and its floor: docs/design.md, "Chunk hashes".
 _CHUNK_SIZE = opt(
     50,
     int_at_least(MIN_CHUNK_SIZE),
@@ -84,7 +75,6 @@ class _FeatherConfig:
         for cls in agents.agent_classes():
             cls.check_options(self)
 
-    # ---- the three ways in -------------------------------------------------------------
     @classmethod
     def options(cls) -> list[tuple[str, dataclasses.Field]]:
         """(command-line flag, field) for every option."""

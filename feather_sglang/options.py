@@ -1,8 +1,5 @@
-"""What a feather option is: a dataclass field carrying its check and its help, and the checks.
-
-The configuration (:mod:`feather_sglang.config`) and every agent that has settings of its own
-(:attr:`feather_sglang.agents.base.StopAddAgent.options`) declare their options with :func:`opt`.
-"""
+"""What a feather option is: a dataclass field carrying its check and its help (:func:`opt`), and
+the checks."""
 
 from __future__ import annotations
 

@@ -1,25 +1,6 @@
 """One scheduling pass of feather, independent of SGLang's objects.
 
-The planner keeps the chunked hash tree in step with the scheduler's queue and batch and,
-each pass, decides which waiting requests to admit and in what order:
-
-1. the starvation bound: once the oldest waiting request has waited longer than
-   ``max_wait_s``, the starved requests of its prefix group (the waiting requests that share
-   its longest prefix shared with any other, oldest first) are admitted first, whatever the
-   running batch holds. The group stays first across passes until every one of those has
-   been admitted; then the next oldest starved request's group. So a backlog that has
-   waited too long is served group by group in the order of each group's oldest request,
-   never oldest-first across groups (that is FCFS, which mixes every group in every batch
-   and, in a KV pool too small to hold every group's prefix, recomputes them);
-2. then, repeatedly, the CHT's best candidate (fewest chunks missing from the running
-   batch), asking the stop/add agent ADD or STOP; each ADD joins the CHT's working set, so
-   the next candidate is judged against the batch as it will run;
-3. a *prefix leader*: when the pick's prefix is shared with other waiting requests but not
-   yet in the radix cache, it is admitted alone first and its group follows next pass,
-   reusing its KV (what SGLang's lpm does with in-batch prefix caching).
-
-Planned requests are admitted into the CHT right away; the ones the scheduler did not take
-after all (token budget, memory) are put back by :meth:`AdmissionPlanner.end_pass`.
+The steps of a pass: ``docs/design.md``, "The planner".
 """
 
 from __future__ import annotations
@@ -58,10 +39,7 @@ class PlannerStats:
 
 
 class AdmissionPlanner:
-    """Tracks requests by id and plans each pass's admissions (see the module docstring).
-
-    ``clock`` returns seconds (monotonic); injectable for tests of the starvation bound.
-    """
+    """Tracks requests by id and plans each pass's admissions; ``clock`` returns seconds."""
 
     def __init__(self, config: FeatherConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
@@ -75,7 +53,7 @@ class AdmissionPlanner:
         self._pending: list[Hashable] = []  # planned, admission not yet confirmed
         self._admit_states: list[tuple[Hashable, AgentState]] = []  # agent-admitted in the plan
         self._agent_checkpoint: object = None
-        # The starved group being served (request ids, oldest first); see the module docstring.
+        # The starved group being served (request ids, oldest first).
         self._drain: deque[Hashable] = deque()
         self._oldest_scan = iter(())
         self.stats = PlannerStats()
@@ -103,15 +81,10 @@ class AdmissionPlanner:
         self._enqueue_seq.pop(rid, None)
 
     def sync_running(self, running: dict[Hashable, Callable[[], Iterable[int]]]) -> list[Hashable]:
-        """Make the CHT's running set equal ``running`` (rid -> lazy prompt token ids).
-
-        Costs O(running): finished requests leave the working set; a running request the
-        CHT never saw (should not happen; kept for robustness) is added. Returns the ids
-        forgotten.
-        """
+        """Make the CHT's running set equal ``running`` (rid -> lazy prompt token ids), in
+        O(running); returns the ids forgotten."""
         if self._pending:
-            # A plan whose end_pass never came (SGLang paths that call calc_priority without
-            # the prefill hook): what runs now was admitted, the rest goes back.
+            # A plan whose end_pass never came: what runs now was admitted, the rest goes back.
             self.end_pass([rid for rid in self._pending if rid in running])
         gone = [r for r in self.cht.running_ids() if r not in running]
         for rid in gone:
@@ -126,9 +99,7 @@ class AdmissionPlanner:
         return gone
 
     def sync_waiting(self, waiting: dict[Hashable, Callable[[], Iterable[int]]]) -> list[Hashable]:
-        """Full O(W) reconciliation of the waiting set, for when the queue changed behind
-        the planner's back (e.g. an abort popped a waiting request). Returns the ids
-        forgotten."""
+        """Full O(W) reconciliation of the waiting set; returns the ids forgotten."""
         gone = [r for r in self._waiting_since if r not in waiting]
         for rid in gone:
             self.forget(rid)
@@ -155,32 +126,22 @@ class AdmissionPlanner:
         kv_free_tokens: int | None = None,
         kv_capacity_tokens: int | None = None,
     ) -> Plan:
-        """Choose up to ``max_new`` waiting requests to admit this pass.
-
-        ``cached_prefix_tokens(rid)`` returns how many leading prompt tokens of ``rid`` are in
-        the radix cache; None disables the prefix leader (e.g. radix cache off).
-        ``token_budget`` (prefill tokens the scheduler can take this pass) stops planning once
-        the picks' estimated new tokens (their chunks missing from the running batch) reach
-        it: planning what cannot be admitted only costs a rollback.
-        ``kv_free_tokens`` / ``kv_capacity_tokens`` (KV cache tokens free, incl. evictable, and
-        in all) give the agent its memory headroom; None: headroom 1.0.
-        """
+        """Choose up to ``max_new`` waiting requests to admit this pass. ``cached_prefix_tokens``
+        (rid -> leading tokens in the radix cache; None: no prefix leader), ``token_budget`` and
+        the KV tokens free and in all: ``docs/design.md``, "The planner"."""
         start = time.perf_counter()
         self.end_pass(())  # a plan the scheduler never consumed is rolled back
         cht, agent, config = self.cht, self.agent, self.config
         plan = Plan()
         if cht.num_running == 0:
             agent.on_batch_empty()
-        # The agent's own state as it was before this plan's admissions, so that a partly
-        # consumed plan can be replayed onto it (see end_pass).
+        # The agent as it was before this plan, for a partly consumed plan (see end_pass).
         self._agent_checkpoint = agent.checkpoint()
         self._admit_states: list[tuple[Hashable, AgentState]] = []
 
         planned_tokens = 0  # estimated new prefill tokens of the picks so far
         leader_check = cached_prefix_tokens is not None and config.prefix_leader
-        # The starvation bound looks for the oldest waiting request once per starved group:
-        # one scan of the enqueue order per pass, resumed each time (requests this pass admits
-        # are behind it, or skipped once).
+        # One scan of the enqueue order per pass, resumed for each starved group.
         self._oldest_scan = iter(self._waiting_since)
 
         def room() -> bool:
@@ -189,7 +150,6 @@ class AdmissionPlanner:
             )
 
         while room() and (group := self._starved_group()):
-            # A group whose shared prefix is not cached yet: its oldest computes it alone first.
             lead = group[0]
             leader = (
                 leader_check
@@ -210,8 +170,7 @@ class AdmissionPlanner:
                 plan.stop_reason = "prefix-leader"
                 return self._finish_plan(plan, start)
 
-        # NOTE: the per-pick loop is the hot path of a pass (up to max_new iterations): the
-        # bound methods and constants are looked up once.
+        # The hot path of a pass: bound methods and constants are looked up once.
         rids, admit_states = plan.rids, self._admit_states
         best_view, admit, decide, on_admit = cht.best_view, cht.admit, agent.decide, agent.on_admit
         chunk_size = config.chunk_size
@@ -289,13 +248,8 @@ class AdmissionPlanner:
         return plan
 
     def _starved_group(self) -> deque[Hashable]:
-        """The starved group to serve now (see the module docstring): what is left waiting of
-        the current one, else the oldest starved request's group, else empty.
-
-        The group's ids are kept until each has been admitted or has left, so a group is
-        finished across passes before the next starved group starts; ``_waiting_since`` is in
-        (re-)enqueue order, so finding the oldest resumes the pass's scan of it: O(picks) a pass.
-        """
+        """The starved group to serve now: what is left waiting of the current one, else the
+        oldest starved request's group, else empty."""
         drain, cht = self._drain, self.cht
         while drain and (drain[0] not in cht or cht.state(drain[0]) is not RequestState.WAITING):
             drain.popleft()
@@ -307,9 +261,7 @@ class AdmissionPlanner:
         )
         if oldest is None or self._waiting_since[oldest] >= deadline:
             return drain
-        # The group's starved members, oldest first, from the group itself: O(g log g) for a
-        # group of g, never a scan of every starved request (a no-sharing backlog is all
-        # groups of one). Order: enqueue time, then the order of enqueueing.
+        # The group's starved members, oldest first: O(g log g) for a group of g.
         since, seq = self._waiting_since, self._enqueue_seq
         starved = [rid for rid in cht.waiting_group(oldest) if since[rid] < deadline]
         starved.sort(key=lambda rid: (since[rid], seq[rid]))
@@ -318,10 +270,7 @@ class AdmissionPlanner:
 
     def _needs_leader(self, rid, cached_prefix_tokens) -> bool:
         """True if ``rid`` shares leading chunks with other waiting requests that are not
-        cached yet: computing them once, then letting the group hit the cache, beats every
-        member computing the same prefix in one batch."""
-        # The chunks a running request holds are cached (or being computed) already; only a
-        # shared part beyond them is worth a radix-cache lookup.
+        cached yet (only a shared part beyond the running requests' is looked up)."""
         shared_chunks = self.cht.waiting_shared_beyond_running(rid)
         if not shared_chunks:
             return False
@@ -344,7 +293,7 @@ class AdmissionPlanner:
                 self.stats.rolled_back += 1
                 rolled_back = True
         if rolled_back:
-            # The agent learned from admissions that did not happen: replay only the real ones.
+            # Replay only the admissions that happened.
             self.agent.restore(self._agent_checkpoint)
             for rid, state in self._admit_states:
                 if rid in admitted:
@@ -358,14 +307,8 @@ class AdmissionPlanner:
 
 
 class SharedClock:
-    """The planner's clock for tensor-parallel ranks: the time of the current pass as the shard's
-    first rank read it, so that the starvation bound decides alike on every rank.
-
-    ``tick()`` runs at start-up and once per pass on every rank (requests enqueued between two
-    passes get the earlier pass's time); ``broadcast([value])`` returns the first rank's
-    ``[value]`` (SGLang's ``attn_cp_tp_broadcast_pyobj``, the broadcast the scheduler uses for
-    each pass's requests).
-    """
+    """The planner's clock for tensor-parallel ranks: the current pass's time as the first rank
+    read it (``tick()`` once per pass; ``broadcast([value])`` returns the first rank's)."""
 
     def __init__(
         self, broadcast: Callable[[list], list], local: Callable[[], float] = time.monotonic

@@ -1,8 +1,5 @@
-"""SGLang general-plugin entry point (group ``sglang.srt.plugins``, name ``feather``).
-
-SGLang calls :func:`register` in the launcher and in every scheduler, detokenizer and
-data-parallel-controller process (``sglang.srt.plugins.load_plugins``).
-"""
+"""SGLang general-plugin entry point (group ``sglang.srt.plugins``, name ``feather``), called in
+every SGLang process (``sglang.srt.plugins.load_plugins``)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from feather_sglang.sglang_integration.trace import time_split
+from feather_bench.tools.trace import time_split
 
 if TYPE_CHECKING:
     from feather_bench.ab.client import RequestRecord

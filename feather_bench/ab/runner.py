@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Optional
 
 from feather_bench.ab.client import RequestRecord
+from feather_bench.tools.trace import read_trace
 from feather_bench.workloads import Workload, write_workload_file
 from feather_sglang.sglang_integration.trace import ENV as TRACE_ENV
-from feather_sglang.sglang_integration.trace import read_trace
 
 WARMUP_TOKENS = 32
 # the attention backend named "default": no --attention-backend, SGLang chooses its own

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import requests
 
-from feather_sglang.sglang_integration.trace import read_trace
+from feather_bench.tools.trace import read_trace
 
 TOPICS = [
     "You are a meticulous travel agent. Plan trips with exact budgets, train times and hotels. ",

@@ -1,8 +1,5 @@
-"""Stop/add agents by name. Agents register here with :func:`register_agent`.
-
-An agent spec is a name (``admit``, ``throughput``, ``static``, ``ucb``, ``qlearning``) or, for agents loaded from a
-file (``takes_path``), ``name:PATH`` (``ppo:PATH``, ``dqn:PATH``).
-"""
+"""Stop/add agents by name (``admit``, ``throughput``, ``static``, ``ucb``, ``qlearning``, or
+``name:PATH`` for agents loaded from a file); agents register with :func:`register_agent`."""
 
 from __future__ import annotations
 

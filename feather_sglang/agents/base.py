@@ -19,35 +19,7 @@ class Action(IntEnum):
 
 
 class AgentState(NamedTuple):
-    """What an agent sees about one candidate (all lengths in chunks of ``chunk_size`` tokens).
-
-    batch_size:    requests in the batch if the candidate is not added (running + admitted
-                   earlier in this pass).
-    chunks_before: depth of the prefix shared by every request of the batch (0 if empty).
-    chunks_after:  that depth if the candidate joins (the candidate's own length if empty).
-    waiting:       waiting requests that hold the chain key at depth ``chunks_after`` (they
-                   could join later without shrinking the chain further).
-    queue_len:     requests waiting in all.
-    memory_headroom: fraction of the KV cache's token capacity still free with this pass's
-                   earlier picks counted as used, in [0, 1] (1.0 where unknown).
-
-    What the batch and the candidate cost, in tokens (0 where unknown), for agents that
-    predict a step's time (:mod:`feather_sglang.agents.throughput`):
-
-    group_waiting: waiting requests sharing the candidate's deepest prefix shared with any
-                   other waiting request, the candidate included (1: it shares none).
-    new_tokens:    prompt tokens of the candidate that no running request holds.
-    own_tokens:    prompt tokens of the candidate beyond that shared prefix.
-    prompt_tokens: the candidate's prompt length.
-    batch_unique_tokens: prompt tokens of the batch, each shared chunk counted once.
-    batch_tokens:  prompt tokens of the batch, per request.
-    free_slots:    requests this pass may still admit, the candidate included.
-    kv_free_tokens: KV cache tokens free or evictable, this pass's earlier picks deducted
-                   (-1: unknown).
-
-    NOTE: a NamedTuple (immutable, like the frozen dataclass it was) because the planner
-    builds one per pick and a NamedTuple builds ~2.5x faster.
-    """
+    """What an agent sees about one candidate; each field: ``docs/design.md``, "The agents"."""
 
     batch_size: int
     chunks_before: int
@@ -85,19 +57,13 @@ class ServerShape(NamedTuple):
 
 
 class StopAddAgent(ABC):
-    """Decides, candidate by candidate, whether to keep admitting into the running batch.
-
-    Life cycle per scheduling pass: ``decide`` for the best candidate; on ADD the policy
-    admits it and calls ``on_admit``; the next best candidate is asked about, until STOP or
-    nothing is left. ``on_batch_empty`` marks the start of a new batch (nothing running).
-    ``on_step`` reports each executed forward step (for learners whose reward is throughput).
-    """
+    """Decides, candidate by candidate, whether to keep admitting into the running batch (its
+    life cycle: ``docs/design.md``, "The agents")."""
 
     name: ClassVar[str]
     # True: the planner fills AgentState's token costs (three more O(path) walks per pick).
     wants_costs: ClassVar[bool] = False
-    # The agent's own settings: field name -> (type, feather_sglang.options.opt(...)). They
-    # become FeatherConfig fields (``--feather-<name>`` flags), whichever agent is chosen.
+    # field name -> (type, opt(...)): FeatherConfig fields (``--feather-<name>``) for any agent.
     options: ClassVar[dict[str, tuple[type, object]]] = {}
 
     @staticmethod
@@ -133,9 +99,6 @@ class StopAddAgent(ABC):
         """What the agent has learned so far, for the scheduler's periodic log line ('' if nothing)."""
         return ""
 
-    # NOTE: a plan can be cut short by the scheduler (token budget, memory) after the agent
-    # has seen its admissions; the planner then restores this checkpoint and replays
-    # ``on_admit`` for the admissions that really happened.
     def checkpoint(self) -> object:
         """A copy of whatever ``on_admit``/``on_batch_empty`` change (default: all attributes
         but the config)."""

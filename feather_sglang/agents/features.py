@@ -1,31 +1,5 @@
-"""The observation layout shared by the RL environments and the agents that read it.
-
-One float32 vector per candidate, every entry normalised to [0, 1] (chunk loss to [-1, 1]);
-the Gymnasium environments (``feather_rl``) emit exactly this vector and a trained policy
-file records ``OBS_FIELDS`` and ``OBS_VERSION``, so a file trained on another layout is
-refused when the server starts, never mid-serving.
-
-===== ================ =========================================== ==========================
-index name             meaning                                     normalised as
-===== ================ =========================================== ==========================
-0     batch_fill       batch size / (batch size + free slots)      as is
-1     chunk_loss       chunks_before - chunks_after (< 0: grows)   / CHUNK_SCALE, clip [-1, 1]
-2     chunks_before    shared-chain depth now, chunks              log1p / log1p(CHUNK_SCALE)
-3     chunks_after     shared-chain depth if the candidate joins   log1p / log1p(CHUNK_SCALE)
-4     waiting          waiting requests sharing the new depth      log1p / log1p(COUNT_SCALE)
-5     queue_len        requests waiting in all                     log1p / log1p(COUNT_SCALE)
-6     memory_headroom  KV capacity still free (fraction)           as is, clip [0, 1]
-7     group_kv_need    the group's KV / KV free or evictable       / 2, clip [0, 1] (> 0.5: no fit)
-8     group_share      followers that fit: min(group, free) / free as is
-9     predicted_gain   throughput with the group / without it      (gain - 0.5), clip [0, 1]
-10    prefix_shared    the backend reads a shared prefix once      0 or 1
-11    own_fraction     candidate's own tokens / its prompt          as is
-===== ================ =========================================== ==========================
-
-``predicted_gain`` comes from the agent's step-time model
-(:func:`feather_sglang.agents.throughput.group_gain`), refined online from the server's
-measured decode steps: the policy learns when the model's prediction is worth following.
-"""
+"""The observation layout shared by the RL environments and the trained agents (the table of
+fields: ``docs/rl.md``, "The observation")."""
 
 from __future__ import annotations
 
@@ -54,8 +28,7 @@ OBS_FIELDS = (
 OBS_VERSION = 2
 OBS_DIM = len(OBS_FIELDS)
 
-# NOTE: chunk depths up to 1024 chunks (51K tokens at 50 per chunk) and counts up to 4096
-# requests keep their resolution on a log scale; larger values saturate at 1.
+# Log scales up to 1024 chunks and 4096 requests; larger values saturate at 1.
 CHUNK_SCALE = 1024.0
 COUNT_SCALE = 4096.0
 _LOG_CHUNK = math.log1p(CHUNK_SCALE)

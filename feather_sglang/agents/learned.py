@@ -1,14 +1,5 @@
-"""Policies trained offline with Stable-Baselines3, served as a numpy forward pass.
-
-``--feather-agent ppo:PATH`` / ``dqn:PATH`` name a model file written by ``feather-train``: a
-Stable-Baselines3 ``.zip`` plus a ``feather_policy.json`` member recording the algorithm, the
-observation layout (``features.layout()``), the activation and the provenance. At load time the
-MLP's weights are read once (``torch.load`` of the zip's ``policy.pth``, weights only) into
-numpy arrays; a decision is then ``features.observe`` and a few small matrix products, no torch
-call. Everything that can be wrong with the file (missing, not a zip, another algorithm, another
-observation layout, unexpected shapes) raises :class:`PolicyFileError` at load, which the
-config turns into a start-up error.
-"""
+"""Policies trained offline with Stable-Baselines3, served as a numpy forward pass (the file
+format and its checks: ``docs/rl.md``, "Serving a trained policy")."""
 
 from __future__ import annotations
 
@@ -27,7 +18,7 @@ from feather_sglang.agents.throughput import ThroughputAgent
 
 META_MEMBER = "feather_policy.json"
 WEIGHTS_MEMBER = "policy.pth"
-# An MLP policy for 12 observations is tens of KB; anything near this is not one of ours.
+# An MLP policy for 12 observations is tens of KB.
 MAX_MEMBER_BYTES = 64 << 20
 # Where each algorithm's MLP lives in SB3's state dict (hidden layers, then the output layer).
 _LAYER_PREFIXES = {
@@ -42,9 +33,7 @@ class PolicyFileError(ValueError):
 
 
 def manifest_of(path: str | Path) -> dict[str, str]:
-    """SHA-256 of every member of a policy file but the metadata member, which records it:
-    feather-train writes it, and a file whose members do not match it was not (or was changed
-    since)."""
+    """SHA-256 of every member of a policy file but the metadata member, which records it."""
     with zipfile.ZipFile(path) as zf:
         return {
             n: hashlib.sha256(zf.read(n)).hexdigest()
@@ -205,11 +194,8 @@ def cached_policy(path: str, algo: str) -> NumpyPolicy:
 
 
 class LearnedAgent(ThroughputAgent):
-    """A trained policy's greedy action; ADD on an empty batch (STOP would run nothing).
-
-    It keeps the throughput agent's step-time model, refined online the same way, because the
-    observation includes that model's predicted gain (:mod:`~feather_sglang.agents.features`).
-    """
+    """A trained policy's greedy action; ADD on an empty batch. It keeps the throughput agent's
+    step-time model, whose predicted gain the observation includes."""
 
     algo: str = ""
     takes_path = True

@@ -1,12 +1,5 @@
-"""What the online learners (``ucb``, ``qlearning``) share: state bins and throughput credit.
-
-Both learn inside the server from the batches it runs. A decision (ADD or STOP on a candidate)
-is kept pending until the batch it shaped has run: the throughput of the forward steps that
-follow (tokens per second: the sum of the steps' batch sizes over the sum of their times) is
-credited to every pending decision, as the paper credits final batch size / batch time to every
-decision of that batch. Credit is given after ``CREDIT_STEPS`` steps, or earlier when the batch
-empties.
-"""
+"""What the online learners (``ucb``, ``qlearning``) share: state bins and throughput credit
+(``docs/design.md``, "The agents")."""
 
 from __future__ import annotations
 
@@ -16,8 +9,7 @@ import numpy as np
 
 from feather_sglang.agents.base import Action, AgentState, StopAddAgent
 
-# State bins of the paper's bandit (public code derived from its fork): batch size // 4 capped
-# at 10, chunk loss clamped to [-5, 5], waiting // 4 capped at 10.
+# The paper's bandit's state bins: batch // 4 up to 10, loss in [-5, 5], waiting // 4 up to 10.
 BATCH_BIN = 4
 BATCH_BINS = 11
 LOSS_CLAMP = 5
@@ -25,9 +17,6 @@ WAITING_BIN = 4
 WAITING_BINS = 11
 TABLE_SHAPE = (BATCH_BINS, 2 * LOSS_CLAMP + 1, WAITING_BINS, 2)
 
-# NOTE: 16 decode steps is the length of the shortest batches the A/B workloads run (16 output
-# tokens): long enough to average out one slow step, short enough that the credit reaches the
-# decisions while their batch still runs.
 CREDIT_STEPS = 16
 
 
@@ -41,17 +30,13 @@ def state_bin(state: AgentState) -> tuple[int, int, int]:
 
 
 def forced_add(state: AgentState) -> bool:
-    """ADD without asking the learner: the batch is empty (STOP would run nothing) or the
-    candidate does not shrink the shared chain (the paper's bandit does the same)."""
+    """ADD without asking the learner: the batch is empty or the chain does not shrink."""
     return state.batch_size == 0 or state.delta <= 0
 
 
 class OnlineLearner(StopAddAgent):
-    """Keeps decisions pending and credits them with the throughput of the steps that follow.
-
-    Subclasses implement ``choose`` (a learned decision for a binned state) and ``learn``
-    (update from one batch's decisions and its throughput in tokens/s).
-    """
+    """Keeps decisions pending and credits them with the throughput of the steps that follow;
+    subclasses implement ``choose`` (binned state -> action) and ``learn`` (decisions, tok/s)."""
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -102,8 +87,7 @@ class OnlineLearner(StopAddAgent):
             self.pending = []
         self.window_tokens, self.window_seconds, self.window_steps = 0, 0.0, 0
 
-    # NOTE: the planner checkpoints every pass; only ``pending`` changes between a plan and its
-    # end (tables change in on_step), so the checkpoint is its length, not a copy of the tables.
+    # Only ``pending`` changes between a plan and its end: the checkpoint is its length.
     def checkpoint(self) -> object:
         return len(self.pending)
 

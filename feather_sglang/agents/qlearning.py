@@ -10,9 +10,7 @@ import numpy as np
 from feather_sglang.agents.base import Action
 from feather_sglang.agents.online import OnlineLearner, new_table
 
-# NOTE: the paper does not publish its Q-learning; these are ours. gamma weighs what the batch
-# goes on to achieve after an ADD against this batch's own throughput; the step size is 1/n
-# (an exact mean at first) floored so late batches still move the estimate as load changes.
+# The paper publishes no Q-learning; these are ours (docs/design.md, "The agents").
 QL_GAMMA = 0.5
 QL_ALPHA_MIN = 0.05
 # Exploration: epsilon = 1 / sqrt(1 + visits of the state), floored.
@@ -21,13 +19,7 @@ QL_SEED = 0
 
 
 class QLearningAgent(OnlineLearner):
-    """Q(s, a) over binned states (see ``online.state_bin``), epsilon-greedy, ties to ADD.
-
-    Per credited batch with throughput R (tokens/s) and its decisions (s_1, a_1) .. (s_k, a_k)
-    in order: a STOP or the last decision is terminal (target R); an ADD is followed by the
-    batch's next decision, target (1 - gamma) R + gamma max_a Q(s_{i+1}, a), which keeps Q on
-    the scale of a throughput whatever the number of decisions.
-    """
+    """Q(s, a) over binned states (``online.state_bin``), epsilon-greedy, ties to ADD."""
 
     name = "qlearning"
 

@@ -1,17 +1,5 @@
-"""A decode step's time as a function of what the batch holds, refined online.
-
-    step_s = fixed_s + per_request_s * batch + per_token_s * attended_tokens
-
-``attended_tokens`` is what attention reads per step: with a prefix-shared backend
-(``--attention-backend feather``) each group's shared prefix once plus every request's own
-tokens; with any other backend every request's whole prompt. ``fixed_s`` is the weight reads
-and the runtime, the same whatever the batch holds.
-
-The prior coefficients are set per backend kind; the scheduler's own step times refine them:
-a ridge regression pulled toward the prior (so a few steps of one batch shape cannot move
-what that shape says nothing about), solved every ``REFIT_EVERY`` decode steps over an
-exponentially forgotten history (``FORGET`` per step) so that a change of load is followed.
-"""
+"""A decode step's time as a function of what the batch holds, refined online from measured
+steps (the model and its fit: ``docs/design.md``, "The agents")."""
 
 from __future__ import annotations
 
@@ -19,16 +7,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# NOTE: priors from the project's CPU machine (SmolLM2-135M, 30 layers, 2 threads): a batch-32
-# decode step spends 60-140 ms in weight reads and the runtime; torch_native's per-request loop
-# costs ~9 us per KV token per step (~0.3 us a layer); feather's backend ~15 us per prefix
-# token, all of a group's queries against it, once per group. Elsewhere the online fit takes over.
+# Priors per backend kind (prefix-shared or not), measured on a CPU (docs/design.md).
 PRIORS = {
     True: (0.06, 1e-3, 1.5e-5),  # prefix-shared attention
     False: (0.06, 1e-3, 9e-6),
 }
-# What the prior is worth, in average observed steps, per coefficient: little, so that
-# varied steps decide; it matters only along what the steps seen cannot tell apart.
+# What the prior is worth, in average observed steps, per coefficient.
 PRIOR_WEIGHT = 0.5
 FORGET = 0.995
 REFIT_EVERY = 16
@@ -46,8 +30,7 @@ class StepTimeModel:
         self.prior = np.array(PRIORS[self.prefix_shared], dtype=np.float64)
         if self.coef is None:
             self.coef = self.prior.copy()
-        # Features are scaled so that the prior's coefficients are all 1: a well-conditioned
-        # ridge whatever the units.
+        # Scaled so that the prior's coefficients are all 1 (a well-conditioned ridge).
         self._scale = self.prior.copy()
         self._xtx = np.zeros((3, 3))
         self._xty = np.zeros(3)
@@ -76,8 +59,7 @@ class StepTimeModel:
             self.refit()
 
     def refit(self) -> None:
-        # Ridge toward the prior in scaled units (the prior is the vector of ones there), each
-        # coefficient held as strongly as PRIOR_WEIGHT average steps of its own feature.
+        # Ridge toward the prior (ones), each held as strongly as PRIOR_WEIGHT average steps.
         reg = np.diag(PRIOR_WEIGHT * np.maximum(np.diag(self._xtx) / self._weight, 1e-12))
         scaled = np.linalg.solve(self._xtx + reg, self._xty + reg @ np.ones(3))
         self.coef = np.maximum(scaled, 0.05) * self._scale  # never a negative or vanishing cost

@@ -7,21 +7,12 @@ import math
 from feather_sglang.agents.base import Action
 from feather_sglang.agents.online import OnlineLearner, new_table
 
-# NOTE: c = 200 is the value in the public code derived from the paper's fork, where rewards
-# are tokens/s on a GPU (hundreds to thousands); it keeps exploring while two actions' mean
-# throughputs differ by less than about c * sqrt(ln t / n).
+# The public code derived from the paper's fork (rewards in GPU tokens/s).
 UCB_C = 200.0
 
 
 class UCBAgent(OnlineLearner):
-    """Per binned state (see ``online.state_bin``) and action: visit count n and mean reward.
-
-    Decision: forced ADD when the batch is empty or the chain does not shrink; otherwise an
-    untried action first (ADD, then STOP), else the action with the larger
-    ``mean + c * sqrt(ln(t + 1) / n)``, t the number of decisions credited so far. Reward:
-    the throughput (tokens/s) of the steps after the decision, credited to every decision of
-    that batch.
-    """
+    """Per binned state (``online.state_bin``) and action: visit count n and mean reward."""
 
     name = "ucb"
 

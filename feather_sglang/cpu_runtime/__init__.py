@@ -1,26 +1,5 @@
-"""Everything it takes to run stock SGLang 0.5.23 on a CPU-only host, in one place.
-
-Measured on x86-64 CPU hosts (``docs/cpu-runtime.md``):
-
-1. ``SGLANG_USE_CPU_ENGINE=1`` must be in the environment before sglang is
-   imported; without it the scheduler dies importing ``vllm._custom_ops`` from
-   ``sglang/srt/layers/rotary_embedding/base.py`` and the launcher hangs.
-2. ``sgl_kernel`` must be importable: see :mod:`.sgl_kernel_standin`.
-3. torchvision must import beside the CPU torch: see :mod:`.torchvision_fix`.
-4. Server settings: ``--device cpu --attention-backend torch_native
-   --disable-overlap-schedule`` (overlap on: 6.6 tok/s; off: 92 tok/s) and the fastest
-   ``--dtype`` for the CPU; the plugin applies them to settings left at their defaults
-   (:func:`server_defaults`) and logs what it changed.
-5. The pinned install set: ``requirements-cpu.txt`` beside this file.
-
-Items 1-3 must happen in *every* Python process before sglang's modules load,
-including the scheduler subprocesses, which import sglang while unpickling
-their entry point, before SGLang's plugin loader runs. So :func:`apply` is run
-at interpreter start-up by a one-line ``.pth`` file that
-``python -m feather_sglang.cpu_runtime install`` writes into the environment's
-site-packages, and only on a host with no accelerator. On an accelerator host none of
-this is installed or applied; the plugin itself works unchanged.
-"""
+"""Everything it takes to run stock SGLang 0.5.23 on a CPU-only host, applied only where no
+accelerator is present (what and why: ``docs/cpu-runtime.md``)."""
 
 from __future__ import annotations
 
@@ -28,17 +7,15 @@ import os
 from pathlib import Path
 
 PTH_NAME = "feather_sglang_cpu_runtime.pth"
-# One line that Python's site module executes at every start-up: it imports the boot module
-# only while feather_sglang is installed, so a .pth left behind by an uninstall does nothing.
+# Run by Python's site module at start-up; does nothing once feather_sglang is uninstalled.
 PTH_LINE = (
     "import importlib.util as _feather_u; "
     '_feather_u.find_spec("feather_sglang") and __import__("feather_sglang.cpu_runtime.boot")\n'
 )
 ENV_DISABLE = "FEATHER_CPU_RUNTIME_DISABLE"  # set to 1 to switch the runtime off
 ENV_APPLIED = "FEATHER_CPU_RUNTIME_APPLIED"  # set by apply(), inherited by children
-REQUIREMENTS = Path(__file__).with_name("requirements-cpu.txt")
 
-# Flags a CPU server needs in sglang 0.5.23 (what they fix is in the module docstring).
+# Flags a CPU server needs in sglang 0.5.23 (docs/cpu-runtime.md).
 RECOMMENDED_SERVER_FLAGS = (
     "--device",
     "cpu",
@@ -63,16 +40,7 @@ def cpu_flags() -> frozenset[str]:
 
 
 def fastest_cpu_dtype() -> str:
-    """The model dtype that serves fastest on this CPU.
-
-    Measured with ``python -m feather_bench.dtype`` (SmolLM2-135M, feather, 32 requests, medians of 2
-    rounds) on the project machine (AMD EPYC with avx512_bf16, 2 cores): ~130-token prompts
-    bfloat16 170, float32 144, float16 57 output tok/s; ~740-token prompts bfloat16 38.1,
-    float32 38.8, float16 18.7 (there the per-request attention loop dominates). sglang's
-    ``auto`` picks float16 for an fp32 checkpoint: the slowest. Without bf16 instructions
-    (AVX2 only) bf16 is emulated and float32 is ~4x faster at prefill (helper measurement with
-    transformers under ``ATEN_CPU_CAPABILITY=avx2``).
-    """
+    """The model dtype that serves fastest on this CPU (measurements: ``docs/cpu-runtime.md``)."""
     return "bfloat16" if cpu_flags() & BF16_CPU_FLAGS else "float32"
 
 
@@ -99,9 +67,7 @@ def server_defaults(values: dict) -> dict:
         changes["dtype"] = fastest_cpu_dtype()
     ranks = _ranks(values)
     if ranks > 1:
-        # SGLang binds each rank to a NUMA node unless told which cores each rank takes, and
-        # cannot then size each rank's KV pool from the memory it has: split the cores, and
-        # give each rank a fixed pool.
+        # Split the cores among the ranks and give each a fixed KV pool (docs/cpu-runtime.md).
         if not os.environ.get(THREADS_BIND_ENV):
             binding = threads_binding(ranks, sorted(os.sched_getaffinity(0)))
             if binding:
@@ -158,8 +124,7 @@ _ACCELERATOR_GLOBS = ("davinci[0-9]*", "hl[0-9]*", "mtgpu*", "accel/accel*")
 
 def accelerator_present() -> bool:
     """True if any accelerator SGLang could use is visible: a GPU (:func:`gpu_present`), an
-    Intel GPU bound to the ``xe`` or ``i915`` driver with a discrete-GPU render node, or the
-    device nodes of ``_ACCELERATOR_GLOBS``. The CPU runtime applies only where this is False."""
+    Intel GPU on the ``xe`` driver, or the device nodes of ``_ACCELERATOR_GLOBS``."""
     if gpu_present():
         return True
     dev = Path("/dev")
@@ -177,10 +142,8 @@ def accelerator_present() -> bool:
 
 
 def apply() -> list[str]:
-    """Apply the CPU runtime to this process. Returns what was done, one line each.
-
-    Cheap (no heavy imports): it runs at start-up of every Python in the venv.
-    """
+    """Apply the CPU runtime to this process (cheap: it runs at every Python start-up); returns
+    what was done, one line each."""
     if os.environ.get(ENV_DISABLE) == "1" or accelerator_present():
         return []
     from . import sgl_kernel_standin, torchvision_fix

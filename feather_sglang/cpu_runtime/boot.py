@@ -1,7 +1,5 @@
-"""Imported by ``feather_sglang_cpu_runtime.pth`` at interpreter start-up.
-
-Must never break Python start-up: any failure is reported once and ignored.
-"""
+"""Imported by ``feather_sglang_cpu_runtime.pth`` at interpreter start-up; never breaks Python
+start-up (a failure is reported once and ignored)."""
 
 try:
     from feather_sglang.cpu_runtime import apply as _apply

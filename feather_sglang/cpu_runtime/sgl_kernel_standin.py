@@ -1,20 +1,5 @@
-"""A stand-in for the ``sgl_kernel`` package on hosts where the real one cannot load.
-
-Why: SGLang 0.5.23's CPU path imports a few names from ``sgl_kernel`` at module
-load (``sglang/kernels/ops/kvcache/cache_move.py`` imports
-``copy_all_layer_kv_cache_cpu``, among others), but the only ``sgl_kernel`` on
-PyPI is a CUDA build that needs ``libcuda.so.1``, and building the real CPU
-kernels needs AVX-512/AMX. With ``--attention-backend torch_native`` none of
-these functions is ever called, so SGLang only needs the names to exist.
-
-Only the names in :data:`STANDIN_FUNCTIONS` exist; each is a function that
-raises :class:`SglKernelStandInError` naming itself, so a code path that really
-needs the kernel fails loudly instead of computing garbage. Every other name,
-and every submodule, is missing (``ImportError``), as on an install without the
-kernel: sglang has fallbacks for most optional imports (e.g. ``get_scalar_types``
-in ``layers/quantization/utils.py``) and those must keep working.
-Set ``FEATHER_SGL_KERNEL_TRACE=1`` to print the names looked up and missing.
-"""
+"""A stand-in for the ``sgl_kernel`` package on hosts where the real one cannot load: only the
+names SGLang imports, each raising if called (``docs/cpu-runtime.md``)."""
 
 from __future__ import annotations
 
@@ -27,8 +12,7 @@ import types
 STANDIN_MODULE = "sgl_kernel"
 STANDIN_VERSION = "0.0.0+feather.cpu.standin"
 
-# Names sglang 0.5.23 imports from sgl_kernel at module load on the CPU path (found by
-# running the server, the Engine and the tests with FEATHER_SGL_KERNEL_TRACE=1).
+# Names sglang 0.5.23 imports from sgl_kernel at module load on the CPU path.
 STANDIN_FUNCTIONS = (
     "copy_all_layer_kv_cache_cpu",
     "assign_req_to_token_pool_cpu",
@@ -85,11 +69,8 @@ class _StandInLoader(importlib.abc.Loader):
 
 
 class SglKernelStandInFinder(importlib.abc.MetaPathFinder):
-    """Serves ``sgl_kernel`` (not its submodules: those stay missing) from the stand-in.
-
-    Installed at the END of ``sys.meta_path`` so a real, importable ``sgl_kernel``
-    always wins; the stand-in is only what is left when nothing else is found.
-    """
+    """Serves ``sgl_kernel`` (not its submodules) from the stand-in; last on ``sys.meta_path``,
+    so a real, importable ``sgl_kernel`` always wins."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != STANDIN_MODULE:
@@ -110,7 +91,3 @@ def install() -> bool:
         return False
     sys.meta_path.append(SglKernelStandInFinder())
     return True
-
-
-def is_standin(module) -> bool:
-    return bool(getattr(module, "__feather_standin__", False))

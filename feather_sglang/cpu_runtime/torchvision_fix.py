@@ -1,16 +1,5 @@
-"""Lets PyPI's torchvision import beside the CPU build of torch.
-
-Why: sglang imports ``torchvision.transforms`` while loading model configs.
-PyPI's torchvision 0.28.0 wheel is linked against the CUDA build of torch, so
-its C extension does not load beside ``torch==2.13.0+cpu`` and the op schemas it
-would register are missing; ``torchvision/_meta_registrations.py`` then fails
-with ``RuntimeError: operator torchvision::nms does not exist`` at import.
-
-Fix: just before ``torchvision._meta_registrations`` runs, define the two op
-schemas it registers fake kernels for (``nms``, ``qnms``). Nothing else of
-torchvision's compiled ops is made to work: calling ``torchvision.ops.nms`` on
-such a host still fails, which no text-model path in sglang does.
-"""
+"""Lets PyPI's torchvision import beside the CPU build of torch: the ``nms``/``qnms`` op schemas
+are defined before its meta registrations run (``docs/cpu-runtime.md``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Where feather touches SGLang. Written for and tested against sglang 0.5.23.
-
-Only hooks through SGLang's own plugin registry (``sglang.srt.plugins.hook_registry``);
-no file of the installed sglang is edited. Each hook names the upstream seam it uses.
-For a fork, ``patches/`` makes the same calls from SGLang's source at the same seams; a
-patched sglang says so (``sglang.srt.plugins.FEATHER_BUILT_IN``) and the hooks stand down.
-"""
+"""Where feather touches SGLang (written for and tested against sglang 0.5.23): hooks through
+SGLang's own ``HookRegistry`` only (``docs/design.md``, "Where feather sits in SGLang")."""
 
 from __future__ import annotations
 
@@ -81,26 +76,20 @@ def install_hooks() -> None:
     if _installed:
         return
     _installed = True
+    import sglang
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from feather_sglang.sglang_integration import args, dp_routing, policy
 
-    try:
-        import sglang
-
-        if getattr(sglang, "__version__", SGLANG_VERSION) != SGLANG_VERSION:
-            logger.warning(
-                "feather-sglang was written for sglang %s; found %s",
-                SGLANG_VERSION,
-                sglang.__version__,
-            )
-    except ImportError:  # pragma: no cover
-        pass
+    if getattr(sglang, "__version__", SGLANG_VERSION) != SGLANG_VERSION:
+        logger.warning(
+            "feather-sglang was written for sglang %s; found %s", SGLANG_VERSION, sglang.__version__
+        )
 
     reg = HookRegistry.register
     built_in = built_in_version()
     if built_in is not None:
-        # NOTE: installing the hooks too would run every seam twice (two planners per pass).
+        # Installing the hooks too would run every seam twice (two planners per pass).
         logger.info(
             "feather is built into this sglang (patches/, %s): plugin hooks not installed", built_in
         )
@@ -109,8 +98,7 @@ def install_hooks() -> None:
     reg("sglang.srt.server_args.ServerArgs.add_cli_args", args.add_cli_args_after, HookType.AFTER)
     reg("sglang.srt.server_args.ServerArgs.from_cli_args", args.from_cli_args_after, HookType.AFTER)
     after_import("sglang.srt.entrypoints.engine", args.patch_engine)
-    # --attention-backend feather: the choice now (light), the backend class only where
-    # SGLang's attention registry is loaded (the model runner's process).
+    # --attention-backend feather: the choice now, the class where the registry is loaded.
     from sglang.srt.arg_groups.choices import (
         ATTENTION_BACKEND_CHOICES,
         add_attention_backend_choices,
@@ -125,33 +113,16 @@ def install_hooks() -> None:
         dp_routing.data_parallel_controller_init_around,
         HookType.AROUND,
     )
-    reg(
-        f"{_SCHED}.Scheduler.init_schedule_policy",
-        policy.init_schedule_policy_after,
-        HookType.AFTER,
-    )
-    reg(
-        f"{_SCHED}.Scheduler.get_prefill_adder_class",
-        policy.get_prefill_adder_class_around,
-        HookType.AROUND,
-    )
-    reg(
-        f"{_SCHED}.Scheduler._add_request_to_queue",
-        policy.add_request_to_queue_after,
-        HookType.AFTER,
-    )
-    reg(
-        f"{_SCHED}.Scheduler._get_new_batch_prefill_raw",
-        policy.get_new_batch_prefill_raw_around,
-        HookType.AROUND,
-    )
-    reg(f"{_SCHED}.Scheduler.run_batch", policy.run_batch_around, HookType.AROUND)
-    reg(f"{_SCHED}.Scheduler.on_idle", policy.on_idle_after, HookType.AFTER)
-    reg(
-        f"{_SCHED}.Scheduler._release_aborted_request",
-        policy.release_aborted_request_after,
-        HookType.AFTER,
-    )
+    for method, hook, kind in (
+        ("init_schedule_policy", policy.init_schedule_policy_after, HookType.AFTER),
+        ("get_prefill_adder_class", policy.get_prefill_adder_class_around, HookType.AROUND),
+        ("_add_request_to_queue", policy.add_request_to_queue_after, HookType.AFTER),
+        ("_get_new_batch_prefill_raw", policy.get_new_batch_prefill_raw_around, HookType.AROUND),
+        ("run_batch", policy.run_batch_around, HookType.AROUND),
+        ("on_idle", policy.on_idle_after, HookType.AFTER),
+        ("_release_aborted_request", policy.release_aborted_request_after, HookType.AFTER),
+    ):
+        reg(f"{_SCHED}.Scheduler.{method}", hook, kind)
     _install_trace_hooks(reg, HookType)
 
 
@@ -165,7 +136,7 @@ def _install_trace_hooks(reg, HookType) -> None:
             trace.get_next_batch_to_run_around,
             HookType.AROUND,
         )
-        # feather's backend inherits both from torch_native's, so one hook times either
+        # feather's backend inherits both from torch_native's: one hook times either
         native = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
         for method in ("forward_decode", "forward_extend"):
             reg(f"{native}.{method}", trace.attention_forward_around, HookType.AROUND)

@@ -1,10 +1,5 @@
-"""``--feather-*`` command-line flags and ``feather_*`` Engine keyword arguments.
-
-The FeatherConfig travels to the scheduler subprocesses on the ServerArgs record as the
-non-field attribute ``_feather_config``: ServerArgs (a msgspec Struct with ``dict=True``)
-pickles its ``__dict__`` along with its fields, and SGLang allows underscore bookkeeping
-attributes to be set at any time.
-"""
+"""``--feather-*`` command-line flags and ``feather_*`` Engine keyword arguments; the FeatherConfig
+travels on ServerArgs as ``_feather_config`` (``docs/design.md``, "Configuration")."""
 
 from __future__ import annotations
 
@@ -147,7 +142,7 @@ def startup_refusals(
                 problems.append(
                     "--schedule-policy feather needs scheduler hooks that SGLang's HookRegistry did "
                     f"not apply ({', '.join(missing)}); feather-sglang supports sglang "
-                    f"{_sglang_supported()} (see the log above for why a hook failed)"
+                    f"{SGLANG_VERSION} (see the log above for why a hook failed)"
                 )
     if getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME:
         problems += refusals.backend_refusals(
@@ -167,10 +162,6 @@ def _built_in() -> bool:
         return False
 
 
-def _sglang_supported() -> str:
-    return SGLANG_VERSION
-
-
 def _cuda_graphs_off_for_feather_backend(server_args) -> None:
     """Feather's backend has no CUDA-graph capture: turn graphs off, as SGLang does for torch_native."""
     if (
@@ -185,15 +176,8 @@ def _cuda_graphs_off_for_feather_backend(server_args) -> None:
 
 
 def make_engine_server_args_factory(server_args_class):
-    """``Engine.server_args_class`` replacement accepting ``feather_*=`` keyword arguments.
-
-    ``sglang.Engine.__init__`` runs ``load_plugins()`` and then builds its record with
-    ``self.server_args_class(**kwargs)``; a HookRegistry hook on ``Engine.__init__`` would be
-    applied only after the first Engine's ``__init__`` had already started, so the record's
-    construction is the seam. (HookRegistry cannot REPLACE ``server_args_class`` itself: the
-    target is the ServerArgs class, and its REPLACE would propagate the replacement to every
-    module holding ServerArgs.)
-    """
+    """``Engine.server_args_class`` replacement accepting ``feather_*=`` keyword arguments (why
+    this seam: ``docs/design.md``, "Where feather sits in SGLang")."""
 
     def build(**kwargs):
         feather_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("feather_")}

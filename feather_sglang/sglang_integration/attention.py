@@ -1,19 +1,6 @@
 """``--attention-backend feather``: torch_native with prefix-shared decode and extend attention.
 
-Decode reads each group's shared prefix KV once for all the group's requests and merges it
-with each request's own suffix by log-sum-exp: on CPU tensors with the vectorised torch path
-(:mod:`feather_kernels.prefix_shared_cpu`), on CUDA tensors with the fused Triton kernel
-(:mod:`feather_kernels.prefix_shared_triton`). Extend (prefill over a cached prefix) attends
-each group's cached prefix once for all its new tokens, plus causally within each request's
-own tokens, merged the same way: on CPU with :mod:`feather_kernels.prefix_shared_extend_cpu`,
-on CUDA with the same Triton launch, each new token one query. Groups are found once per
-forward batch from the requests' leading KV slot ids (a radix-cache hit gives sharing requests
-the same slot ids) and reused by every layer (:mod:`feather_kernels.dispatch`).
-Cross-attention, sliding-window layers, and batches with nothing shared run torch_native's own
-code.
-
-NOTE: the Triton path has run under ``TRITON_INTERPRET=1`` only (no GPU was available to
-this project yet); ``scripts/gpu_check.sh`` tests it on a GPU.
+How it works: ``docs/attention-backend.md``.
 """
 
 from __future__ import annotations
@@ -41,9 +28,7 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         super().__init__(model_runner)
         self._decode_plan = None
         self._extend_plan = None
-        # NOTE: a fault in the prefix-shared paths turns them off for good: torch_native's
-        # code, the reference these paths match, serves every later step (and redoes the
-        # failed one, which overwrites the whole output).
+        # A fault in the prefix-shared paths turns them off for good (torch_native's code serves).
         self.faults = FaultLog("feather attention backend")
         self.fallen_back = False
         device = torch.device(self.device)  # set by TorchNativeAttnBackend
@@ -68,8 +53,8 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         self.faults.record("backend", exc, "torch_native's attention serves from now on")
 
     def _plan(self, forward_batch) -> None:
+        # Each plan is None when nothing is shared: torch_native's per-request path.
         if forward_batch.forward_mode.is_extend() and forward_batch.extend_prefix_lens is not None:
-            # None when nothing is shared: torch_native's per-request path.
             self._extend_plan = plan_extend_batch(
                 self.req_to_token_pool.req_to_token,
                 forward_batch.req_pool_indices,
@@ -77,7 +62,6 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
                 forward_batch.extend_seq_lens,
             )
         elif forward_batch.forward_mode.is_decode():
-            # None when nothing is shared: torch_native's per-request path.
             self._decode_plan = plan_decode_batch(
                 self.req_to_token_pool.req_to_token,
                 forward_batch.req_pool_indices,
@@ -100,60 +84,19 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         is_cross_attn=False,
         sliding_window_size=None,
     ):
-        plan = self._decode_plan
-        if (
-            plan is None
-            or encoder_lens is not None
-            or is_cross_attn
-            or sliding_window_size is not None
-        ):
-            return super()._run_sdpa_forward_decode(
-                query,
-                output,
-                k_cache,
-                v_cache,
-                req_to_token,
-                req_pool_indices,
-                seq_lens,
-                encoder_lens,
-                scaling=scaling,
-                enable_gqa=enable_gqa,
-                causal=causal,
-                is_cross_attn=is_cross_attn,
-                sliding_window_size=sliding_window_size,
-            )
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        try:
-            self.faults.check("backend")
-            run_decode(
-                plan,
-                query,
-                output,
-                k_cache,
-                v_cache,
-                req_to_token,
-                req_pool_indices,
-                seq_lens,
-                scale,
-            )
-        except Exception as exc:  # noqa: BLE001
-            self._fall_back(exc)
-            return self._run_sdpa_forward_decode(
-                query,
-                output,
-                k_cache,
-                v_cache,
-                req_to_token,
-                req_pool_indices,
-                seq_lens,
-                encoder_lens,
-                scaling,
-                enable_gqa,
-                causal,
-                is_cross_attn,
-                sliding_window_size,
-            )
-        return output
+        shared = encoder_lens is None and not is_cross_attn and sliding_window_size is None
+        return self._attend(
+            self._decode_plan if shared else None,
+            run_decode,
+            super()._run_sdpa_forward_decode,
+            (query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens),
+            encoder_lens,
+            scaling=scaling,
+            enable_gqa=enable_gqa,
+            causal=causal,
+            is_cross_attn=is_cross_attn,
+            sliding_window_size=sliding_window_size,
+        )
 
     def _run_sdpa_forward_extend(
         self,
@@ -173,67 +116,36 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         is_cross_attn=False,
         sliding_window_size=None,
     ):
-        plan = self._extend_plan
-        if (
-            plan is None
-            or not causal
-            or encoder_lens is not None
-            or is_cross_attn
-            or sliding_window_size is not None
-        ):
-            return super()._run_sdpa_forward_extend(
-                query,
-                output,
-                k_cache,
-                v_cache,
-                req_to_token,
-                req_pool_indices,
-                seq_lens,
-                extend_prefix_lens,
-                extend_seq_lens,
-                encoder_lens,
-                scaling=scaling,
-                enable_gqa=enable_gqa,
-                causal=causal,
-                is_cross_attn=is_cross_attn,
-                sliding_window_size=sliding_window_size,
-            )
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        shared = (
+            causal and encoder_lens is None and not is_cross_attn and sliding_window_size is None
+        )
+        args = query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens
+        return self._attend(
+            self._extend_plan if shared else None,
+            run_extend,
+            super()._run_sdpa_forward_extend,
+            (*args, extend_prefix_lens, extend_seq_lens),
+            encoder_lens,
+            scaling=scaling,
+            enable_gqa=enable_gqa,
+            causal=causal,
+            is_cross_attn=is_cross_attn,
+            sliding_window_size=sliding_window_size,
+        )
+
+    def _attend(self, plan, run, stock, args, encoder_lens, scaling, **flags):
+        """The prefix-shared path ``run`` with ``plan``; torch_native's ``stock`` where there is no
+        plan, or after a fault. ``args`` start with the query and the output."""
+        if plan is None:
+            return stock(*args, encoder_lens, scaling=scaling, **flags)
+        scale = scaling if scaling is not None else args[0].shape[-1] ** -0.5
         try:
             self.faults.check("backend")
-            run_extend(
-                plan,
-                query,
-                output,
-                k_cache,
-                v_cache,
-                req_to_token,
-                req_pool_indices,
-                seq_lens,
-                extend_prefix_lens,
-                extend_seq_lens,
-                scale,
-            )
+            run(plan, *args, scale)
         except Exception as exc:  # noqa: BLE001
             self._fall_back(exc)
-            return self._run_sdpa_forward_extend(
-                query,
-                output,
-                k_cache,
-                v_cache,
-                req_to_token,
-                req_pool_indices,
-                seq_lens,
-                extend_prefix_lens,
-                extend_seq_lens,
-                encoder_lens,
-                scaling,
-                enable_gqa,
-                causal,
-                is_cross_attn,
-                sliding_window_size,
-            )
-        return output
+            return stock(*args, encoder_lens, scaling=scaling, **flags)
+        return args[1]
 
 
 def register(registry_module) -> None:

@@ -1,22 +1,5 @@
-"""``--load-balance-method prefix_group``: SGLang's data-parallel controller routes by prefix group.
-
-SGLang's own methods (round robin, fewest requests, fewest tokens) spread every prefix group
-over every worker: each worker then computes each group's prefix and runs mixed batches. This
-method sends a request to a worker that already serves the longest chunk-aligned prefix it
-shares with earlier requests, when that prefix is at least ``MIN_SHARE`` of its prompt (as
-sglang-router's cache-aware policy does with its cache threshold) and that worker is not
-overloaded; otherwise to the least-loaded worker, which then serves that prefix too (see
-:class:`PrefixGroupRouter`).
-
-Loads are SGLang's own: the controller's ``DPBudget`` (the workers' published request counts,
-plus one per dispatch since), which SGLang keeps fresh for its ``total_requests`` method; the
-controller is built with that method and then dispatches through :class:`PrefixGroupRouter`.
-A fault in the router is contained: logged once, and that request goes round robin.
-
-With feather workers the controller also watches them (SGLang's ``SubprocessWatchdog``): SGLang's
-launcher watches only the controller, so a worker that died would leave its requests waiting
-forever; now it takes the server down, and every client gets an error.
-"""
+"""``--load-balance-method prefix_group``: SGLang's data-parallel controller routes by prefix
+group (``docs/design.md``, "Data-parallel routing")."""
 
 from __future__ import annotations
 
@@ -30,8 +13,7 @@ from feather_sglang.sglang_integration.names import POLICY_NAME, PREFIX_GROUP, f
 logger = logging.getLogger(__name__)
 
 MIN_SHARE = 0.5  # shared prefix / prompt length for a request to follow its group's worker
-# Bounded loads: a group's worker takes the request while its load stays within
-# (1 + BALANCE_REL_SLACK) x the mean load + BALANCE_ABS; beyond, the least-loaded worker does.
+# A home takes the request while its load + 1 <= (1 + BALANCE_REL_SLACK) x mean + BALANCE_ABS.
 BALANCE_REL_SLACK = 0.02
 BALANCE_ABS = 3
 MAX_KEYS = 1 << 20  # prefix keys remembered (least recently used dropped first)
@@ -39,14 +21,8 @@ MAX_CHUNKS = 400  # leading chunks of a prompt considered
 
 
 class PrefixGroupRouter:
-    """Which workers serve each prefix: chunk keys (as in the CHT: the hash of chunks 0..i)
-    mapped to the workers that serve them (its *homes*), first the one that served it first.
-
-    A request follows its longest owned prefix to the least-loaded of that prefix's homes while
-    that home's load stays within the bound; when every home is above it, the least-loaded
-    worker takes the request and becomes one more home of the prefix, so the group's next
-    requests can go there too. A group thus spreads over as few workers as its load needs.
-    """
+    """Which workers serve each prefix: chunk keys mapped to the workers that serve them (its
+    *homes*), first the one that served it first (``docs/scale-out.md``)."""
 
     def __init__(self, chunk_size: int, max_keys: int = MAX_KEYS) -> None:
         self.chunk_size = chunk_size
@@ -114,13 +90,8 @@ def _dispatch(controller, router: PrefixGroupRouter, req) -> None:
 
 
 def data_parallel_controller_init_around(original, controller, server_args, *args, **kwargs):
-    """AROUND hook on ``DataParallelController.__init__``.
-
-    With ``prefix_group``: build the controller as for ``total_requests`` (so that SGLang keeps
-    the load budget fresh), then dispatch through a :class:`PrefixGroupRouter`. With feather
-    workers: watch them with SGLang's ``SubprocessWatchdog``, so that a worker that dies takes
-    the server down with it (its clients get an error) instead of leaving its requests waiting.
-    """
+    """AROUND hook on ``DataParallelController.__init__``: prefix-group dispatch, and a watchdog
+    over feather workers."""
     from sglang.srt.runtime_context import get_parallel
 
     parallel = get_parallel()

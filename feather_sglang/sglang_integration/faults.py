@@ -1,17 +1,5 @@
-"""Fault containment: an exception in feather's code never reaches SGLang's scheduler.
-
-Every seam (the pass's planning, the enqueue, pass-end, step and idle hooks, the attention
-backend's prefix-shared paths) runs under :meth:`FaultLog.record` on failure: the first fault
-of a seam is logged with its traceback, later ones as one counted line. The scheduler's state
-is then rebuilt from SGLang's own queue and batch; if that fails too, feather stands down and
-the scheduler runs fcfs for the rest of the server's life (the backend runs torch_native's
-attention). See ``docs/reliability.md``.
-
-Fault injection, for tests only: ``FEATHER_FAULT_INJECT=plan:5`` (a seam and the call that
-fails, several separated by commas) takes effect only when ``FEATHER_FAULT_INJECT_ACK`` holds
-the exact phrase :data:`ACK_PHRASE` as well; without it the variable is ignored with a warning,
-so one stray variable cannot break a production server. When on, the server logs it at start.
-"""
+"""Fault containment: an exception in feather's code never reaches SGLang's scheduler; fault
+injection for tests (``docs/reliability.md``)."""
 
 from __future__ import annotations
 

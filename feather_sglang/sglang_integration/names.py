@@ -1,5 +1,5 @@
-"""The names feather registers with SGLang, and where its configuration travels: shared by the
-hooks, the policy and the argument handling without importing any of them."""
+"""The names feather registers with SGLang, and where its configuration travels (no imports of
+the hooks, the policy or the argument handling)."""
 
 from __future__ import annotations
 

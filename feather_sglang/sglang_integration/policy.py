@@ -1,22 +1,6 @@
 """``feather`` inside SGLang's scheduler: the policy, the prefill adder and the scheduler hooks.
 
-Seams used (sglang 0.5.23, ``srt/managers``):
-- ``scheduler.SchedulePolicy`` is replaced by :class:`FeatherSchedulePolicy`, a subclass that
-  behaves exactly like the stock class for every stock policy and, for ``feather``, orders
-  the waiting queue from the planner (``calc_priority``).
-- ``Scheduler.get_prefill_adder_class`` returns a PrefillAdder subclass that refuses
-  (``AddReqResult.OTHER``, which ends the admission loop) any request outside the plan: that
-  is where the agent's STOP takes effect.
-- ``Scheduler._add_request_to_queue`` tells the planner about arrivals and retractions.
-- ``Scheduler._get_new_batch_prefill_raw`` tells it which planned requests were admitted.
-- ``Scheduler._release_aborted_request`` tells it which waiting requests were aborted.
-Finished requests are noticed by comparing the running batch each pass (O(batch)); requests
-queued without the enqueue hook by the queue's tail (O(their number)); any other change by the
-waiting-queue length, which then costs one full O(W) reconciliation.
-
-Every seam is guarded (:mod:`feather_sglang.sglang_integration.faults`): a fault is logged and
-counted, feather's state is rebuilt from SGLang's queue and batch, and if that fails too feather
-stands down and the scheduler runs fcfs from then on.
+The seams and how feather follows SGLang's queue: ``docs/design.md``, "Where feather sits".
 """
 
 from __future__ import annotations
@@ -58,8 +42,7 @@ class FeatherSchedulePolicy(SchedulePolicy):
         if policy != POLICY_NAME:
             super().__init__(policy, tree_cache, *args, **kwargs)
             return
-        # Everything SGLang's policy object sets up, with fcfs underneath for the parts of
-        # the scheduler that inspect ``policy.policy`` (load reporting, prefix touching).
+        # fcfs underneath, for the parts of the scheduler that inspect ``policy.policy``.
         super().__init__("fcfs", tree_cache, *args, **kwargs)
         self.feather = FeatherState(tree_cache)
 
@@ -76,10 +59,7 @@ class FeatherSchedulePolicy(SchedulePolicy):
             or not feather.safe_order(waiting_queue, running_batch)
         ):
             return super().calc_priority(waiting_queue, running_batch, processed_tokens)
-        # NOTE: stock fcfs also prefix-matches every waiting request when the cache supports
-        # fast matching, only to report matched tokens in the load snapshot; that O(W x T)
-        # walk per pass is what feather exists to avoid, so it is skipped. Keeping waiting
-        # prefixes fresh for LRU eviction is cheap (bounded, every 32 passes) and kept.
+        # fcfs's prefix match of every waiting request (O(W x T), for load reports) is skipped.
         self._touch_waiting_prefixes(self.policy, waiting_queue)
 
 
@@ -93,13 +73,7 @@ class FeatherState:
         self.reqs: dict = {}  # rid -> Req for requests the planner tracks
         self.rank_clock: Optional[SharedClock] = None  # tensor parallelism: rank 0's clock
         self.plan_rids: frozenset = frozenset()
-        # Where each waiting request sits in SGLang's waiting queue, as ``index + _slot_base``:
-        # a pass moves its plan to the front by swaps, SGLang then drops the admitted from the
-        # front, and ``_slot_base`` grows by their number, so the other slots stay valid
-        # without an O(W) rewrite. Every use checks ``queue[index] is req``. An abort's pop
-        # shifts the requests behind it one place forward: after ``_shift`` such pops a
-        # request sits at most that many places before its slot, where a search of that span
-        # finds it. Anything else that moved behind feather's back costs one O(W) reindex.
+        # rid -> index + _slot_base in SGLang's waiting queue (docs/design.md, "queue slots").
         self._slot: dict = {}
         self._slot_base = 0
         self._shift = 0
@@ -122,8 +96,7 @@ class FeatherState:
     def attach(self, scheduler) -> None:
         config = feather_config_of(scheduler.server_args)
         self.scheduler = scheduler
-        # Tensor-parallel ranks must admit alike: the starvation bound reads the first rank's
-        # clock, broadcast once per pass (the agents allowed there use no step times).
+        # Tensor-parallel ranks admit alike on the first rank's clock, broadcast once per pass.
         self.rank_clock = None
         if (getattr(scheduler.server_args, "tp_size", 1) or 1) > 1:
             from sglang.srt.distributed.communication_op import attn_cp_tp_broadcast_pyobj
@@ -165,8 +138,8 @@ class FeatherState:
     def safe_order(
         self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]
     ) -> bool:
-        """:meth:`order`, rebuilding feather's state after a fault (and before the pass, after a
-        hook's fault); False once feather has stood down (the caller runs fcfs)."""
+        """:meth:`order`, rebuilding feather's state after a fault; False once feather has stood
+        down (the caller runs fcfs)."""
         try:
             if self._dirty:
                 self.rebuild(waiting_queue, running_batch)
@@ -187,9 +160,7 @@ class FeatherState:
             return False
 
     def rebuild(self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]) -> None:
-        """Feather's state anew from SGLang's waiting queue and running batch: a fresh CHT and
-        planner (the agent, with what it has learned, is kept). The starvation bound's clock
-        restarts for the requests waiting now."""
+        """Feather's state anew from SGLang's queue and batch (the agent is kept)."""
         self.faults.check("rebuild")
         agent = self.planner.agent
         self.planner = AdmissionPlanner(self.planner.config, clock=self.planner.clock)
@@ -222,9 +193,8 @@ class FeatherState:
 
     # ---- events from the scheduler -------------------------------------------------------
     def on_enqueue(self, req: "Req", queue_index: Optional[int] = None) -> None:
-        """``req`` entered the waiting queue (at ``queue_index``, if known). A request under a rid
-        feather tracks for another request object is a new request (a reused rid), not a
-        retraction: the old one is forgotten first."""
+        """``req`` entered the waiting queue (at ``queue_index``, if known); a reused rid is a new
+        request."""
         known = self.reqs.get(req.rid)
         if known is not None and known is not req:
             self.planner.forget(req.rid)
@@ -236,9 +206,7 @@ class FeatherState:
         self.planner.on_enqueue(req.rid, req.origin_input_ids)
 
     def on_removed(self, req: "Req") -> None:
-        """SGLang released an aborted request (``_release_aborted_request``): if it was waiting,
-        it has left the queue; forget it now, so the queue's length still tells whether anything
-        else changed behind feather's back."""
+        """SGLang released an aborted request: if it was waiting, forget it now."""
         if self.reqs.get(req.rid) is req and self.planner.is_waiting(req.rid):
             self.planner.forget(req.rid)
             self._forget(req.rid)
@@ -266,7 +234,6 @@ class FeatherState:
             self.rank_clock.tick()
         planner, scheduler, reqs = self.planner, self.scheduler, self.reqs
         if running_batch is None:
-            # Only SGLang's diffusion-LM path calls without a batch: keep what the CHT knows.
             running = {rid: reqs[rid] for rid in planner.cht.running_ids() if rid in reqs}
             self._synced_running = None
         else:
@@ -275,8 +242,7 @@ class FeatherState:
             chunked = scheduler.chunked_req
             if chunked is not None:
                 running_rids.append(chunked.rid)
-            # The batch is often exactly what the last pass synced (a decode-only pass, or a
-            # plan that was rolled back): then there is nothing to sync.
+            # Often the batch the last pass synced: nothing to sync then.
             if (
                 running_rids != self._synced_running
                 or planner.has_pending
@@ -316,8 +282,7 @@ class FeatherState:
         self.passes += 1
 
     def _running_reqs(self, running_batch: Optional["ScheduleBatch"]) -> dict:
-        """rid -> Req of the running batch plus the chunked request: what the CHT's running set
-        mirrors."""
+        """rid -> Req of the running batch plus the chunked request."""
         running = {} if running_batch is None else {r.rid: r for r in running_batch.reqs}
         chunked = getattr(self.scheduler, "chunked_req", None)
         if chunked is not None:
@@ -327,9 +292,7 @@ class FeatherState:
     def _sync_running(self, running: dict) -> None:
         """Make the CHT's running set ``running`` (rid -> Req)."""
         self.reqs.update(running)
-        # NOTE: forget each sync's departures right after it: a request forgotten as no longer
-        # running may come straight back as waiting in the next sync (re-queued without the
-        # enqueue hook) and must stay in ``reqs`` then.
+        # Forget each sync's departures at once: one may come back as waiting in the next sync.
         for rid in self.planner.sync_running(
             {rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()}
         ):
@@ -339,10 +302,8 @@ class FeatherState:
         return self.reqs.get(req.rid) is req and self.planner.is_waiting(req.rid)
 
     def _adopt_tail(self, queue: list["Req"], end: Optional[int] = None) -> None:
-        """``queue[:end]`` ends in requests feather does not know as waiting: they were appended
-        without the enqueue hook (``waiting_queue.extend``); take them in, at O(their number).
-        Appends go to the end, and every hooked enqueue and every pass first adopt what precedes
-        them, so unknown requests only ever sit in one run at the end."""
+        """Take in the run of requests at the end of ``queue[:end]`` that were appended without the
+        enqueue hook (``waiting_queue.extend``), at O(their number)."""
         end = len(queue) if end is None else end
         start = end
         while start > 0 and not self._known_waiting(queue[start - 1]):
@@ -352,8 +313,7 @@ class FeatherState:
         self.adopted += end - start
 
     def on_enqueue_hooked(self, queue: list["Req"], req: "Req") -> None:
-        """The enqueue hook: ``req`` was appended to ``queue``; anything appended before it
-        without the hook is adopted first."""
+        """The enqueue hook: ``req`` was appended to ``queue`` (earlier unhooked ones adopted)."""
         last = len(queue) - 1
         if last > 0 and not self._known_waiting(queue[last - 1]):
             self._adopt_tail(queue, last)
@@ -362,9 +322,8 @@ class FeatherState:
     def check_invariants(
         self, queue: list["Req"], running_batch: Optional["ScheduleBatch"]
     ) -> None:
-        """``FEATHER_CHECK_INVARIANTS=1``, after a pass's plan: the queue's rids are the CHT's
-        waiting set plus this pass's plan, and the batch (with the chunked request) plus the plan
-        its running set. O(W); for tests and debugging."""
+        """``FEATHER_CHECK_INVARIANTS=1``: the queue is the CHT's waiting set plus the plan, the
+        batch plus the plan its running set (``docs/reliability.md``)."""
         cht, planned = self.planner.cht, set(self.plan_rids)
         queued = {r.rid for r in queue}
         waiting = {
@@ -385,12 +344,7 @@ class FeatherState:
                 )
 
     def _move_to_front(self, queue: list["Req"], planned: list["Req"]) -> None:
-        """Put ``planned`` at the front of ``queue``, in order, by swaps: O(len(planned)).
-
-        NOTE: the requests outside the plan do not keep their relative order (the ones swapped
-        out of the front take the planned ones' places). SGLang admits none of them this pass,
-        and feather keeps its own arrival order for the starvation bound.
-        """
+        """Put ``planned`` at the front of ``queue``, in order, by swaps: O(len(planned))."""
         slot = self._slot
         if self._shift > MAX_SHIFT_SEARCH:
             self._reindex(queue)
@@ -422,9 +376,7 @@ class FeatherState:
             return -1
 
     def _reindex(self, queue: list["Req"]) -> None:
-        """Rebuild every waiting request's slot: O(W), only when the queue changed behind
-        feather's back, or after more than ``MAX_SHIFT_SEARCH`` aborts (amortised O(W /
-        MAX_SHIFT_SEARCH) each)."""
+        """Rebuild every waiting request's slot: O(W)."""
         self.reindexes += 1
         self._shift = 0
         self._slot_base = 0
@@ -432,8 +384,7 @@ class FeatherState:
         self._slot.update({r.rid: i for i, r in enumerate(queue)})
 
     def _kv_free_tokens(self) -> Optional[int]:
-        """KV cache tokens free or evictable now (the agent's memory headroom); None if the
-        scheduler does not expose them."""
+        """KV cache tokens free or evictable now; None if the scheduler does not expose them."""
         try:
             free = self.scheduler.token_to_kv_pool_allocator.available_size()
             return free + (self.tree_cache.evictable_size() if self.radix_enabled else 0)
@@ -459,8 +410,7 @@ class FeatherState:
             self.log_stats()
 
     def on_idle(self) -> None:
-        """No batch this loop: idle time is not step time; once nothing runs, the requests
-        that finished since the last pass are forgotten now (a pass comes only with a queue)."""
+        """No batch this loop: once nothing runs, finished requests are forgotten now."""
         self._last_step_start = None
         scheduler = self.scheduler
         if (

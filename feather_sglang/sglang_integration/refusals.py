@@ -1,10 +1,5 @@
-"""Server configurations feather does not support, refused at start-up (exit code 2).
-
-Each check returns what is wrong and what is allowed, or nothing. The launcher's argument hook
-(:mod:`feather_sglang.sglang_integration.args`) prints them and exits with 2 before any model is
-loaded; the attention backend repeats the model checks when it is built, for models whose
-configuration could not be read at argument time (a hub id not yet downloaded).
-"""
+"""Server configurations feather does not support, refused at start-up with exit code 2
+(``docs/reliability.md``); each check returns what is wrong and what is allowed."""
 
 from __future__ import annotations
 
@@ -22,8 +17,7 @@ POLICY_TARGETS = (  # the scheduler seams the feather policy needs (see install_
 )
 
 
-# Agents whose decisions do not depend on step times a rank measures on its own clock: the only
-# ones every tensor-parallel rank is sure to take alike.
+# Agents that use no step times: the ones every tensor-parallel rank is sure to take alike.
 RANK_SAFE_AGENTS = ("admit", "static")
 
 

@@ -1,20 +1,5 @@
-"""Optional batch trace, for any schedule policy: which requests ran together in each step,
-and what scheduling and the step cost.
-
-Enabled by ``FEATHER_BATCH_TRACE=/path/file.jsonl`` in the server's environment; each
-scheduler process appends one JSON line per forward step, written after the step ran::
-
-    {"t": <monotonic s>, "mode": "extend"|"decode", "rids": [...], "prefix_tokens": <int>,
-     "extend_tokens": <int>, "sched_s": <float>, "step_s": <float>, "attn_s": <float>}
-
-``prefix_tokens`` is the longest prompt prefix common to every request of the step;
-``extend_tokens`` the prompt tokens computed by an extend step (0 for decode); ``sched_s`` the
-time ``Scheduler.get_next_batch_to_run`` took to choose this batch (the policy's ordering and
-prefix matching included) and ``step_s`` the time ``Scheduler.run_batch`` took to run it. The
-end-to-end tests and the A/B tool read it to compare how prefix-homogeneous the batches of
-different policies are and what each policy spends on scheduling. Off by default: it costs
-O(batch x prefix) per step, outside both timed spans.
-"""
+"""Optional batch trace, for any schedule policy: ``FEATHER_BATCH_TRACE=/path/file.jsonl`` appends
+one JSON line per forward step (its fields: ``docs/benchmarks.md``, "The batch trace")."""
 
 from __future__ import annotations
 
@@ -127,26 +112,12 @@ def _adds_elapsed_to(field: str, doc: str):
     return around
 
 
-# NOTE: passes that chose nothing (idle, or waiting on memory) add to the next step's
-# scheduling time, so that sched_s sums to all the time spent choosing batches.
+# Passes that chose nothing add to the next step's scheduling time.
 get_next_batch_to_run_around = _adds_elapsed_to(
     "sched_s", "Around ``Scheduler.get_next_batch_to_run``."
 )
-# NOTE: wall time is the compute time only where the backend runs synchronously (CPU); on a
-# GPU this would time kernel launches.
+# Wall time: the compute time only where the backend runs synchronously (CPU).
 attention_forward_around = _adds_elapsed_to(
     "attn_s",
     "Around ``TorchNativeAttnBackend.forward_decode``/``forward_extend`` (one layer's call).",
 )
-
-
-def time_split(steps: list[dict]) -> tuple[float, float, float]:
-    """(extend steps' time, decode steps' time, attention time within both) of trace entries."""
-    extend = sum(e["step_s"] for e in steps if e["mode"] == "extend")
-    decode = sum(e["step_s"] for e in steps if e["mode"] == "decode")
-    return extend, decode, sum(e.get("attn_s", 0.0) for e in steps)
-
-
-def read_trace(path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]

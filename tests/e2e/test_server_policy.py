@@ -15,13 +15,13 @@ import pytest
 import requests
 
 from feather_bench.tools.server import SGLangServer
+from feather_bench.tools.trace import read_trace
 from feather_bench.tools.workload import (
     compare_greedy,
     generate_all,
     homogeneity,
     shared_prefix_prompts,
 )
-from feather_sglang.sglang_integration.trace import read_trace
 
 pytestmark = pytest.mark.e2e
 

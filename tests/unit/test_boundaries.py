@@ -131,9 +131,9 @@ def test_scripts_are_thin_and_import_no_other_script():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="feather_sglang (config, CHT, planner, agents, sglang_integration, cpu_runtime, plugin "
-    "registration) holds about 4,400 lines (ruff-formatted) once the tooling is out; the 3,000-line budget needs "
-    "the plugin itself cut down",
+    reason="feather_sglang holds about 4,070 lines (ruff-formatted) with its design prose in docs/; "
+    "code and blank lines alone are about 3,700, so the 3,000-line budget needs the code itself "
+    "cut down",
 )
 def test_the_plugin_stays_small():
     lines = sum(len(p.read_text().splitlines()) for p in (REPO / "feather_sglang").rglob("*.py"))
