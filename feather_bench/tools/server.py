@@ -24,6 +24,11 @@ READY_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
 
 
+def _log_file(log_path: str | os.PathLike | None, prefix: str) -> Path:
+    """``log_path``, or a new temporary ``.log`` file named with ``prefix``."""
+    return Path(log_path) if log_path else Path(tempfile.mkstemp(prefix=prefix, suffix=".log")[1])
+
+
 class ServerError(RuntimeError):
     """The server failed to start, died, or did not stop."""
 
@@ -169,11 +174,7 @@ class SGLangServer(_ServerProcess):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready_timeout_s = ready_timeout_s
-        self.log_path = (
-            Path(log_path)
-            if log_path
-            else Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
-        )
+        self.log_path = _log_file(log_path, "sglang-")
         if launcher == "launch_server":
             command = [sys.executable, "-m", "sglang.launch_server"]
         elif launcher == "serve":  # the `sglang` console script next to this interpreter
@@ -226,11 +227,7 @@ class SGLangRouter(_ServerProcess):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready_timeout_s = ready_timeout_s
-        self.log_path = (
-            Path(log_path)
-            if log_path
-            else Path(tempfile.mkstemp(prefix="sglang-router-", suffix=".log")[1])
-        )
+        self.log_path = _log_file(log_path, "sglang-router-")
         self.args = [
             sys.executable,
             "-m",
