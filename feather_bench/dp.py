@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             quiet=True,
             bench_args="",
             feather_args="",
-            server_args=f"--dp-size {args.dp_size} --load-balance-method {method} {args.server_args}",
+            server_args=f"--dp-size {args.dp_size} --load-balance-method {method} --sleep-on-idle "
+            f"{args.server_args}",
             ready_timeout_s=900,  # every worker loads the model on its share of the cores
         )
         method_dir = out_dir / method

@@ -59,11 +59,15 @@ def worker_env(index: int, workers: int, threads: int | None) -> dict[str, str]:
 
 
 def worker_server_args(server_args: str) -> list[str]:
-    """Every worker's extra flags: ``server_args``, and on a CPU host the CPU runtime's
-    per-rank KV pool unless ``server_args`` sizes it."""
+    """Every worker's extra flags: ``server_args``, ``--sleep-on-idle`` (an idle SGLang
+    scheduler otherwise polls its sockets on a full core, which starves the other servers of
+    one host), and on a CPU host the CPU runtime's per-rank KV pool unless ``server_args``
+    sizes it."""
     from feather_sglang import cpu_runtime
 
     extra = shlex.split(server_args)
+    if "--sleep-on-idle" not in extra:
+        extra.append("--sleep-on-idle")
     sized = any(a == "--max-total-tokens" or a.startswith("--max-total-tokens=") for a in extra)
     if not sized and not cpu_runtime.accelerator_present():
         extra += ["--max-total-tokens", str(cpu_runtime.MULTI_RANK_KV_TOKENS)]

@@ -25,7 +25,7 @@ KILLED_WORKER_ANSWERED_S = 90.0  # every client of a server whose worker died he
 
 def test_two_workers_keep_groups_whole_and_generate_what_one_worker_does(tiny_model, tmp_path):
     prompts = grouped_prompts(groups=8, per_group=6)  # 48 requests
-    args = [*FP32, "--dp-size", "2", "--load-balance-method", "prefix_group"]
+    args = [*FP32, "--dp-size", "2", "--load-balance-method", "prefix_group", "--sleep-on-idle"]
     server = SGLangServer(tiny_model, "feather", args, log_path=tmp_path / "dp.log")
     with server:
         two = generate_all(server.url, prompts, 8)

@@ -48,11 +48,16 @@ def test_cache_aware_router_over_two_workers_generates_what_one_server_does(tiny
     single = SGLangServer(  # a fixed pool as the workers have: three servers load at once
         tiny_model,
         "feather",
-        [*FP32, "--max-total-tokens", "65536"],
+        [*FP32, "--max-total-tokens", "65536", "--sleep-on-idle"],
         log_path=tmp_path / "single.log",
         ready_timeout_s=READY_TIMEOUT_S,
     )
-    router = SGLangRouter([w.url for w in workers], "cache_aware", log_path=tmp_path / "router.log")
+    router = SGLangRouter(
+        [w.url for w in workers],
+        "cache_aware",
+        log_path=tmp_path / "router.log",
+        ready_timeout_s=300,
+    )
     servers = [*workers, single]
     try:
         for s in servers:  # all three load the model at the same time
