@@ -127,7 +127,7 @@ bench-dp: setup
 
 # The same workload and client as bench-dp, through sglang-router in front of separate servers
 bench-router: setup
-	.venv/bin/feather-bench-router --model models/SmolLM2-135M-Instruct --json results/router/router.json
+	.venv/bin/feather-bench-router --model models/SmolLM2-135M-Instruct --server-args "--attention-backend feather" --json results/router/router.json
 
 # A live feather server under clients that give up, reused rids and a small queue cap
 # (docs/reliability.md)

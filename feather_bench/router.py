@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import sys
 import time
 from pathlib import Path
@@ -205,8 +204,6 @@ def main(argv: list[str] | None = None) -> int:
     from feather_bench.tools.server import SGLangServer
     from feather_rl.provenance import record, write_json
 
-    # a SIGTERM stops the workers and the router too (through the finally below)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     out_dir = Path(args.json).parent
     out_dir.mkdir(parents=True, exist_ok=True)
     bench_args = gsp_bench_args(args)

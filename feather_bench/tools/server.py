@@ -29,6 +29,17 @@ def _log_file(log_path: str | os.PathLike | None, prefix: str) -> Path:
     return Path(log_path) if log_path else Path(tempfile.mkstemp(prefix=prefix, suffix=".log")[1])
 
 
+def _exit_on_sigterm() -> None:
+    """A SIGTERM to the program that started servers raises SystemExit in its main thread, so
+    that the ``with`` blocks and ``finally`` clauses holding the servers stop them (Python's
+    default action would leave them running). A handler already installed is kept."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 class ServerError(RuntimeError):
     """The server failed to start, died, or did not stop."""
 
@@ -62,6 +73,7 @@ class _ServerProcess:
     def launch(self) -> None:
         """Start the process and return at once (``wait_ready`` then waits for it): several
         servers launched one after another load their models at the same time."""
+        _exit_on_sigterm()
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             self.args,

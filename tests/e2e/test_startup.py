@@ -173,3 +173,26 @@ def test_smollm2_answers_capital_of_france(smollm2_model, tmp_path):
             .message.content
         )
     assert "Paris" in reply, reply
+
+
+def test_a_sigterm_to_the_tool_stops_its_server(tiny_model):
+    """A benchmark killed with SIGTERM (a CI timeout, ``kill``) leaves no server behind."""
+    import os
+    import signal
+
+    script = (
+        "import sys, time\n"
+        "from feather_bench.tools.server import SGLangServer\n"
+        f"with SGLangServer({str(tiny_model)!r}, 'fcfs', ['--dtype', 'float32']) as s:\n"
+        "    print(s.proc.pid, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    tool = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(tool.stdout.readline())
+        tool.send_signal(signal.SIGTERM)
+        assert tool.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        tool.kill()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server_pid, 0)  # nothing of the server's process group is left
