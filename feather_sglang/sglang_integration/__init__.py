@@ -3,6 +3,7 @@ SGLang's own ``HookRegistry`` only (``docs/design.md``, "Where feather sits in S
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.util
 import logging
@@ -64,12 +65,6 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _register_attention_backend(registry_module) -> None:
-    from feather_sglang.sglang_integration.attention import register
-
-    register(registry_module)
-
-
 def install_hooks() -> None:
     """Register feather's hooks with SGLang's HookRegistry (idempotent)."""
     global _installed
@@ -106,23 +101,18 @@ def install_hooks() -> None:
 
     if ATTENTION_BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([ATTENTION_BACKEND_NAME])
-    after_import("sglang.srt.layers.attention.attention_registry", _register_attention_backend)
+    after_import(
+        "sglang.srt.layers.attention.attention_registry",
+        lambda registry: importlib.import_module(f"{__name__}.attention").register(registry),
+    )
     reg(f"{_SCHED}.SchedulePolicy", policy.FeatherSchedulePolicy, HookType.REPLACE)
     reg(
         "sglang.srt.managers.data_parallel_controller.DataParallelController.__init__",
         dp_routing.data_parallel_controller_init_around,
         HookType.AROUND,
     )
-    for method, hook, kind in (
-        ("init_schedule_policy", policy.init_schedule_policy_after, HookType.AFTER),
-        ("get_prefill_adder_class", policy.get_prefill_adder_class_around, HookType.AROUND),
-        ("_add_request_to_queue", policy.add_request_to_queue_after, HookType.AFTER),
-        ("_get_new_batch_prefill_raw", policy.get_new_batch_prefill_raw_around, HookType.AROUND),
-        ("run_batch", policy.run_batch_around, HookType.AROUND),
-        ("on_idle", policy.on_idle_after, HookType.AFTER),
-        ("_release_aborted_request", policy.release_aborted_request_after, HookType.AFTER),
-    ):
-        reg(f"{_SCHED}.Scheduler.{method}", hook, kind)
+    for method, (hook, kind) in policy.SCHEDULER_HOOKS.items():
+        reg(f"{_SCHED}.Scheduler.{method}", hook, HookType[kind])
     _install_trace_hooks(reg, HookType)
 
 

@@ -445,21 +445,12 @@ class FeatherState:
             return
         share = f"{100 * seconds / busy:.3f}% of step time" if busy > 0 else "n/a of step time"
         logger.info(
-            "feather: sched_time=%.3f ms/pass (%s) passes=%d admitted=%d rolled_back=%d "
-            "starved=%d stops=%s waiting=%d running=%d resyncs=%d reindexes=%d faults=%d rebuilds=%d",
-            1e3 * seconds / passes,
-            share,
-            passes,
-            s.admitted,
-            s.rolled_back,
-            s.starved,
-            s.stops,
-            self.planner.num_waiting,
-            self.planner.cht.num_running,
-            self.resyncs,
-            self.reindexes,
-            self.faults.total,
-            self.rebuilds,
+            "%s",
+            f"feather: sched_time={1e3 * seconds / passes:.3f} ms/pass ({share}) passes={passes} "
+            f"admitted={s.admitted} rolled_back={s.rolled_back} starved={s.starved} "
+            f"stops={s.stops} waiting={self.planner.num_waiting} "
+            f"running={self.planner.cht.num_running} resyncs={self.resyncs} "
+            f"reindexes={self.reindexes} faults={self.faults.total} rebuilds={self.rebuilds}",
         )
         learned = self.planner.agent.describe()
         if learned:
@@ -479,11 +470,10 @@ def make_prefill_adder_class(state: FeatherState) -> type[PrefillAdder]:
 
 
 def _feather_state(scheduler) -> Optional[FeatherState]:
-    policy = getattr(scheduler, "policy", None)
-    return getattr(policy, "feather", None)
+    return getattr(getattr(scheduler, "policy", None), "feather", None)
 
 
-# ---- scheduler hooks (registered in feather_sglang.sglang_integration.install_hooks) ------
+# ---- scheduler hooks (registered by install_hooks from SCHEDULER_HOOKS) ------------------------
 def init_schedule_policy_after(result, scheduler, *args, **kwargs):
     state = _feather_state(scheduler)
     if state is not None:
@@ -548,3 +538,15 @@ def get_new_batch_prefill_raw_around(original, scheduler, *args, **kwargs):
     if state is not None:
         state.guarded("pass_end", state.on_pass_end, result[0])
     return result
+
+
+# Scheduler method -> (its hook, the HookType's name): the seams the feather policy needs.
+SCHEDULER_HOOKS = {
+    "init_schedule_policy": (init_schedule_policy_after, "AFTER"),
+    "get_prefill_adder_class": (get_prefill_adder_class_around, "AROUND"),
+    "_add_request_to_queue": (add_request_to_queue_after, "AFTER"),
+    "_get_new_batch_prefill_raw": (get_new_batch_prefill_raw_around, "AROUND"),
+    "run_batch": (run_batch_around, "AROUND"),
+    "on_idle": (on_idle_after, "AFTER"),
+    "_release_aborted_request": (release_aborted_request_after, "AFTER"),
+}

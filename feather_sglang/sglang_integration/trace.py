@@ -13,17 +13,9 @@ logger = logging.getLogger(__name__)
 
 
 def common_prefix_len(prompts) -> int:
-    if not prompts:
-        return 0
-    first = prompts[0]
-    depth = min(len(p) for p in prompts)
+    depth = min(map(len, prompts), default=0)
     for other in prompts[1:]:
-        i = 0
-        while i < depth and other[i] == first[i]:
-            i += 1
-        depth = i
-        if depth == 0:
-            break
+        depth = next((i for i in range(depth) if other[i] != prompts[0][i]), depth)
     return depth
 
 
@@ -97,7 +89,7 @@ def tracer() -> BatchTracer | None:
     return _tracer
 
 
-def _adds_elapsed_to(field: str, doc: str):
+def _adds_elapsed_to(field: str):
     """An AROUND hook that adds the wrapped call's wall time to the tracer's ``field``."""
 
     def around(original, obj, *args, **kwargs):
@@ -108,16 +100,11 @@ def _adds_elapsed_to(field: str, doc: str):
             setattr(t, field, getattr(t, field) + time.perf_counter() - started)
         return result
 
-    around.__doc__ = doc
     return around
 
 
-# Passes that chose nothing add to the next step's scheduling time.
-get_next_batch_to_run_around = _adds_elapsed_to(
-    "sched_s", "Around ``Scheduler.get_next_batch_to_run``."
-)
-# Wall time: the compute time only where the backend runs synchronously (CPU).
-attention_forward_around = _adds_elapsed_to(
-    "attn_s",
-    "Around ``TorchNativeAttnBackend.forward_decode``/``forward_extend`` (one layer's call).",
-)
+# Around ``Scheduler.get_next_batch_to_run``: passes that chose nothing add to the next step's.
+get_next_batch_to_run_around = _adds_elapsed_to("sched_s")
+# Around torch_native's ``forward_decode``/``forward_extend`` (one layer's call). Wall time: the
+# compute time only where the backend runs synchronously (CPU).
+attention_forward_around = _adds_elapsed_to("attn_s")
