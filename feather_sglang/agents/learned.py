@@ -72,14 +72,10 @@ class NumpyPolicy:
     meta: dict
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
-        act = _ACTIVATIONS[self.activation]
-        x = obs
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            x = x @ w + b
-            if i < last:
-                x = act(x)
-        return x
+        act, x = _ACTIVATIONS[self.activation], obs
+        for w, b in zip(self.weights[:-1], self.biases[:-1]):
+            x = act(x @ w + b)
+        return x @ self.weights[-1] + self.biases[-1]
 
     def act(self, obs: np.ndarray) -> Action:
         out = self.forward(obs)
@@ -127,8 +123,14 @@ def load_policy(path: str | Path, algo: str) -> NumpyPolicy:
         if WEIGHTS_MEMBER not in names:
             raise PolicyFileError(f"{where}: has no {WEIGHTS_MEMBER} (the network's weights)")
     check_manifest(path, meta, where)
+    import torch  # only here, once, at load time
+
     with zipfile.ZipFile(path) as zf:
-        state_dict = _load_state_dict(zf.read(WEIGHTS_MEMBER), where)
+        data = io.BytesIO(zf.read(WEIGHTS_MEMBER))
+    try:
+        state_dict = torch.load(data, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is a start-up error
+        raise PolicyFileError(f"{where}: cannot read {WEIGHTS_MEMBER}: {e}") from None
     weights, biases = _extract_layers(state_dict, algo, where)
     if not all(np.isfinite(a).all() for a in (*weights, *biases)):
         raise PolicyFileError(
@@ -143,15 +145,6 @@ def load_policy(path: str | Path, algo: str) -> NumpyPolicy:
         if a.shape[1] != b.shape[0]:
             raise PolicyFileError(f"{where}: layer shapes do not chain: {a.shape} then {b.shape}")
     return NumpyPolicy(algo, tuple(weights), tuple(biases), activation, meta)
-
-
-def _load_state_dict(data: bytes, where: str) -> dict:
-    import torch  # only here, once, at load time
-
-    try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is a start-up error
-        raise PolicyFileError(f"{where}: cannot read {WEIGHTS_MEMBER}: {e}") from None
 
 
 def _extract_layers(
