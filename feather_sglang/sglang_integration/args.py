@@ -22,38 +22,14 @@ from feather_sglang.sglang_integration.names import (  # noqa: F401 (feather_con
 )
 
 logger = logging.getLogger(__name__)
-# The ServerArgs fields the CPU runtime reads (feather_sglang.cpu_runtime.server_defaults).
-_CPU_FIELDS = (
-    "device",
-    "attention_backend",
-    "disable_overlap_schedule",
-    "dtype",
-    "dp_size",
-    "tp_size",
-    "pp_size",
-    "max_total_tokens",
-)
-# Choices feather adds to SGLang's flags, with what their help then says of them.
-_CHOICES = {
-    "--schedule-policy": (
-        POLICY_NAME,
-        " 'feather' (feather-sglang plugin): admits the waiting requests that keep the running"
-        " batch's shared prefix deepest (chunked hash tree + stop/add agent).",
-    ),
-    "--load-balance-method": (
-        PREFIX_GROUP,
-        f" '{PREFIX_GROUP}' (feather-sglang plugin): a request goes to the worker that already"
-        " serves its prefix group, while loads stay within bounds.",
-    ),
-}
 
 
-def _cpu_defaults(get) -> dict:
-    """The ServerArgs fields (``get(name)``: their values now) the CPU runtime changes on a
-    GPU-less host; logged, as it says what it did (an environment variable is set already)."""
+def _cpu_defaults(values: dict) -> dict:
+    """The ServerArgs fields the CPU runtime changes on a GPU-less host, given their values now
+    (logged, as it says what it did; an environment variable it sets is set already)."""
     from feather_sglang.cpu_runtime import server_defaults
 
-    changes = server_defaults({name: get(name) for name in _CPU_FIELDS})
+    changes = server_defaults(values)
     if changes:
         logger.warning(
             "feather-sglang CPU runtime (no GPU on this host) set %s; pass them explicitly to "
@@ -108,13 +84,22 @@ def _argparse_type(name: str, check):
 
 
 def add_cli_args_after(result, parser: argparse.ArgumentParser):
-    """AFTER hook on ``ServerArgs.add_cli_args``: list feather's choices and add ``--feather-*``."""
+    """AFTER hook on ``ServerArgs.add_cli_args``: list ``feather`` and add ``--feather-*``."""
     for action in parser._actions:
-        for option, (choice, help) in _CHOICES.items():
-            if option in action.option_strings and action.choices is not None:
-                if choice not in action.choices:
-                    action.choices = list(action.choices) + [choice]
-                action.help = (action.help or "") + help
+        if "--schedule-policy" in action.option_strings and action.choices is not None:
+            if POLICY_NAME not in action.choices:
+                action.choices = list(action.choices) + [POLICY_NAME]
+            action.help = (action.help or "") + (
+                " 'feather' (feather-sglang plugin): admits the waiting requests that keep the"
+                " running batch's shared prefix deepest (chunked hash tree + stop/add agent)."
+            )
+        if "--load-balance-method" in action.option_strings and action.choices is not None:
+            if PREFIX_GROUP not in action.choices:
+                action.choices = list(action.choices) + [PREFIX_GROUP]
+            action.help = (action.help or "") + (
+                f" '{PREFIX_GROUP}' (feather-sglang plugin): a request goes to the worker that"
+                " already serves its prefix group, while loads stay within bounds."
+            )
     if any(a.dest == "feather_chunk_size" for a in parser._actions):
         return result  # already added (parsers are built more than once in some paths)
     group = parser.add_argument_group(
@@ -144,7 +129,7 @@ def from_cli_args_after(result, cls, args: argparse.Namespace):
         _exit_2(problems)
     given = ["--" + k.replace("_", "-") for k, v in values.items() if v is not None]
     _warn_ignored(given, "--schedule-policy", getattr(result, "schedule_policy", None))
-    for name, value in _cpu_defaults(lambda name: getattr(result, name)).items():
+    for name, value in _cpu_defaults(msgspec.structs.asdict(result)).items():
         setattr(result, name, value)
     msgspec.Struct.__setattr__(result, CONFIG_ATTR, config)
     return result
@@ -186,7 +171,7 @@ def make_engine_server_args_factory(server_args_class):
         _warn_ignored(
             list(feather_kwargs), "schedule_policy", kwargs.get("schedule_policy", "fcfs")
         )
-        kwargs.update(_cpu_defaults(kwargs.get))
+        kwargs.update(_cpu_defaults(kwargs))
         server_args = server_args_class(**kwargs)
         problems = _settle(server_args, config)
         if problems:
