@@ -35,11 +35,8 @@ class PolicyFileError(ValueError):
 def manifest_of(path: str | Path) -> dict[str, str]:
     """SHA-256 of every member of a policy file but the metadata member, which records it."""
     with zipfile.ZipFile(path) as zf:
-        return {
-            n: hashlib.sha256(zf.read(n)).hexdigest()
-            for n in sorted(zf.namelist())
-            if n != META_MEMBER
-        }
+        names = sorted(set(zf.namelist()) - {META_MEMBER})
+        return {n: hashlib.sha256(zf.read(n)).hexdigest() for n in names}
 
 
 def check_manifest(path: str | Path, meta: dict, where: str) -> None:
@@ -150,15 +147,10 @@ def load_policy(path: str | Path, algo: str) -> NumpyPolicy:
 def _extract_layers(
     state_dict: dict, algo: str, where: str
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    hidden_prefix, out_prefix = _LAYER_PREFIXES[algo]
-    indices = sorted(
-        {
-            int(k[len(hidden_prefix) :].split(".")[0])
-            for k in state_dict
-            if k.startswith(hidden_prefix) and k.endswith(".weight")
-        }
-    )
-    prefixes = [f"{hidden_prefix}{i}." for i in indices] + ([out_prefix] if out_prefix else [])
+    hidden, out = _LAYER_PREFIXES[algo]
+    weight_keys = [k for k in state_dict if k.startswith(hidden) and k.endswith(".weight")]
+    indices = sorted({int(k[len(hidden) :].split(".")[0]) for k in weight_keys})
+    prefixes = [f"{hidden}{i}." for i in indices] + ([out] if out else [])
     weights, biases = [], []
     for prefix in prefixes:
         try:
@@ -187,20 +179,18 @@ def cached_policy(path: str, algo: str) -> NumpyPolicy:
 
 
 class LearnedAgent(ThroughputAgent):
-    """A trained policy's greedy action; ADD on an empty batch. It keeps the throughput agent's
-    step-time model, whose predicted gain the observation includes."""
+    """A trained policy's greedy action (its algorithm: the agent's name); ADD on an empty batch.
+    It keeps the throughput agent's step-time model, whose predicted gain the observation holds."""
 
-    algo: str = ""
     takes_path = True
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        _, _, path = config.agent.partition(":")
-        self.policy = cached_policy(path, self.algo)
+        self.policy = cached_policy(config.agent.partition(":")[2], self.name)
 
     @classmethod
     def validate(cls, path: str) -> None:
-        cached_policy(path, cls.algo)
+        cached_policy(path, cls.name)
 
     def decide(self, state: AgentState) -> Action:
         if state.batch_size == 0:
@@ -210,9 +200,7 @@ class LearnedAgent(ThroughputAgent):
 
 class PPOAgent(LearnedAgent):
     name = "ppo"
-    algo = "ppo"
 
 
 class DQNAgent(LearnedAgent):
     name = "dqn"
-    algo = "dqn"
