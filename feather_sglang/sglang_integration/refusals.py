@@ -91,11 +91,8 @@ def model_refusals(hf_config: dict | None) -> list[str]:
 
 def local_hf_config(model_path: str | None) -> dict | None:
     """The model's config.json when ``model_path`` is a local directory; None otherwise."""
-    if not model_path:
-        return None
-    path = Path(model_path) / "config.json"
     try:
-        return json.loads(path.read_text())
+        return json.loads((Path(model_path) / "config.json").read_text()) if model_path else None
     except (OSError, ValueError):
         return None
 

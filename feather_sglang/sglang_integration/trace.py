@@ -32,22 +32,17 @@ class BatchTracer:
         kind = "decode" if mode.is_decode() else "extend" if mode.is_extend() else None
         if kind is None:
             return
-        prompts = [r.origin_input_ids for r in batch.reqs]
-        self._file.write(
-            json.dumps(
-                {
-                    "t": time.monotonic(),
-                    "mode": kind,
-                    "rids": [r.rid for r in batch.reqs],
-                    "prefix_tokens": common_prefix_len(prompts),
-                    "extend_tokens": int(batch.extend_num_tokens or 0) if kind == "extend" else 0,
-                    "sched_s": round(self.sched_s, 7),
-                    "step_s": round(step_s, 7),
-                    "attn_s": round(self.attn_s, 7),
-                }
-            )
-            + "\n"
-        )
+        line = {
+            "t": time.monotonic(),
+            "mode": kind,
+            "rids": [r.rid for r in batch.reqs],
+            "prefix_tokens": common_prefix_len([r.origin_input_ids for r in batch.reqs]),
+            "extend_tokens": int(batch.extend_num_tokens or 0) if kind == "extend" else 0,
+            "sched_s": round(self.sched_s, 7),
+            "step_s": round(step_s, 7),
+            "attn_s": round(self.attn_s, 7),
+        }
+        self._file.write(json.dumps(line) + "\n")
         self.sched_s = self.attn_s = 0.0
 
 
