@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING
 from feather_sglang.agents.admit import AdmitAgent
 from feather_sglang.agents.base import Action, AgentState, ServerShape, StopAddAgent  # noqa: F401
 from feather_sglang.agents.learned import DQNAgent, PolicyFileError, PPOAgent  # noqa: F401
-from feather_sglang.agents.qlearning import QLearningAgent
+from feather_sglang.agents.online import QLearningAgent, UCBAgent
 from feather_sglang.agents.static import StaticRuleAgent
 from feather_sglang.agents.throughput import ThroughputAgent
-from feather_sglang.agents.ucb import UCBAgent
 
 if TYPE_CHECKING:
     from feather_sglang.config import FeatherConfig
