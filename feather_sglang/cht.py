@@ -103,8 +103,7 @@ class _Request:
 
 
 class ChunkedHashTree:
-    """Incremental deficits and shared-chain view over waiting and running requests, keyed by
-    any hashable id (SGLang's ``rid``); costs: ``docs/design.md``."""
+    """Deficits and the shared chain over waiting and running requests, by any hashable id."""
 
     def __init__(self, chunk_size: int) -> None:
         if chunk_size < 1:
@@ -345,8 +344,7 @@ class ChunkedHashTree:
 
     # ---- the tree's shape --------------------------------------------------------------------
     def _keys_reusing_nodes(self, buffer: bytes | memoryview, tokens: np.ndarray) -> list[int]:
-        """``chunk_hashes(tokens, chunk_size)``, taking the keys of every node whose tokens
-        the prompt repeats instead of hashing those chunks."""
+        """``chunk_hashes``, with the keys of every node whose tokens the prompt repeats."""
         chunk, total_tokens = self.chunk_size, len(tokens)
         total = -(-total_tokens // chunk)
         keys: list[int] = []
@@ -399,8 +397,7 @@ class ChunkedHashTree:
         return node
 
     def _split(self, node: _Node, level: int) -> _Node:
-        """Cut ``node`` before ``level``; return the new upper part (``node`` keeps the lower
-        part, so leaves stay valid)."""
+        """Cut ``node`` before ``level``; the new upper part is returned, ``node`` stays a leaf."""
         cut, parent, stop = level - node.start, node.parent, level * self.chunk_size
         upper = _Node(node.start, level, node.keys[:cut], parent, node.source, stop)
         upper.running, upper.waiting = node.running, node.waiting
@@ -480,8 +477,7 @@ class ChunkedHashTree:
             self._refresh(node)
 
     def _refresh(self, node: _Node) -> None:
-        """Re-post ``node``'s key in its parent's heap after its best entry or its running
-        count changed, and climb while the posted keys change."""
+        """Re-post ``node``'s key in its parent's heap, and climb while the posted keys change."""
         while node.parent is not None:
             top = _top(node)
             key = (

@@ -1,7 +1,5 @@
-"""One scheduling pass of feather, independent of SGLang's objects.
-
-The steps of a pass: ``docs/design.md``, "The planner".
-"""
+"""One scheduling pass of feather, independent of SGLang's objects (the steps of a pass:
+``docs/design.md``, "The planner")."""
 
 from __future__ import annotations
 
@@ -77,12 +75,14 @@ class AdmissionPlanner:
         """A request left for good (finished, aborted) from wherever it was."""
         if rid in self.cht:
             self.cht.remove(rid)
+        self._dequeued(rid)
+
+    def _dequeued(self, rid: Hashable) -> None:
         self._waiting_since.pop(rid, None)
         self._enqueue_seq.pop(rid, None)
 
     def sync_running(self, running: dict[Hashable, Callable[[], Iterable[int]]]) -> list[Hashable]:
-        """Make the CHT's running set equal ``running`` (rid -> lazy prompt token ids), in
-        O(running); returns the ids forgotten."""
+        """The CHT's running set becomes ``running`` (rid -> lazy prompt tokens); ids forgotten."""
         if self._pending:
             # A plan whose end_pass never came: what runs now was admitted, the rest goes back.
             self.end_pass([rid for rid in self._pending if rid in running])
@@ -94,8 +94,7 @@ class AdmissionPlanner:
                 self.cht.add_waiting(rid, tokens())
             if self.cht.state(rid) is RequestState.WAITING:
                 self.cht.admit(rid)
-                self._waiting_since.pop(rid, None)
-                self._enqueue_seq.pop(rid, None)
+                self._dequeued(rid)
         return gone
 
     def sync_waiting(self, waiting: dict[Hashable, Callable[[], Iterable[int]]]) -> list[Hashable]:
@@ -203,18 +202,12 @@ class AdmissionPlanner:
         return self._finish_plan(plan, start)
 
     def on_step(self, batch_size: int, seconds: float, decode: bool) -> None:
-        """A forward step of ``batch_size`` requests ran in ``seconds``; decode steps also
-        tell the agent what the batch attended to (the CHT's running set)."""
-        agent = self.agent
-        agent.on_step(batch_size, seconds)
+        """A forward step ran; decode steps also tell the agent what the batch attended to."""
+        self.agent.on_step(batch_size, seconds)
         if decode:
+            unique, tokens = self.cht.working_set_chunks, self.cht.running_chunks
             chunk = self.config.chunk_size
-            agent.on_decode_step(
-                batch_size,
-                self.cht.working_set_chunks * chunk,
-                self.cht.running_chunks * chunk,
-                seconds,
-            )
+            self.agent.on_decode_step(batch_size, unique * chunk, tokens * chunk, seconds)
 
     def _finish_plan(self, plan: Plan, start: float) -> Plan:
         self._pending = list(plan.rids)
@@ -227,10 +220,9 @@ class AdmissionPlanner:
         return plan
 
     def _starved_group(self) -> deque[Hashable]:
-        """The starved group to serve now: what is left waiting of the current one, else the
-        oldest starved request's group, else empty."""
+        """What is left of the starved group being served, else the oldest starved one's group."""
         drain, cht = self._drain, self.cht
-        while drain and (drain[0] not in cht or cht.state(drain[0]) is not RequestState.WAITING):
+        while drain and not self.is_waiting(drain[0]):
             drain.popleft()
         if drain:
             return drain
@@ -266,8 +258,7 @@ class AdmissionPlanner:
         rolled_back = False
         for rid in self._pending:
             if rid in admitted:
-                self._waiting_since.pop(rid, None)
-                self._enqueue_seq.pop(rid, None)
+                self._dequeued(rid)
                 self.stats.admitted += 1
             elif rid in self.cht and self.cht.state(rid) is RequestState.RUNNING:
                 self.cht.retract(rid)
@@ -279,8 +270,7 @@ class AdmissionPlanner:
             for rid, state in self._admit_states:
                 if rid in admitted:
                     self.agent.on_admit(state)
-        self._pending = []
-        self._admit_states = []
+        self._pending, self._admit_states = [], []
 
     def take_stats(self) -> PlannerStats:
         stats, self.stats = self.stats, PlannerStats()
@@ -291,9 +281,7 @@ class SharedClock:
     """The planner's clock for tensor-parallel ranks: the current pass's time as the first rank
     read it (``tick()`` once per pass; ``broadcast([value])`` returns the first rank's)."""
 
-    def __init__(
-        self, broadcast: Callable[[list], list], local: Callable[[], float] = time.monotonic
-    ):
+    def __init__(self, broadcast: Callable[[list], list], local=time.monotonic) -> None:
         self.broadcast, self.local = broadcast, local
         self.tick()  # every rank builds its clock at the same point of start-up
 

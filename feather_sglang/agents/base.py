@@ -56,8 +56,7 @@ class ServerShape(NamedTuple):
 
 
 class StopAddAgent(ABC):
-    """Decides, candidate by candidate, whether to keep admitting into the running batch; the
-    planner calls the ``on_*`` methods as the batch and the steps go."""
+    """Decides, candidate by candidate, whether to keep admitting into the running batch."""
 
     name: ClassVar[str]
     takes_path: ClassVar[bool] = False  # named ``name:PATH``, with a file to load

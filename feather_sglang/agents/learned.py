@@ -40,8 +40,7 @@ def manifest_of(path: str | Path) -> dict[str, str]:
 
 
 def check_manifest(path: str | Path, meta: dict, where: str) -> None:
-    """Raise :class:`PolicyFileError` unless the file's members are exactly those its metadata
-    records, none of them oversized."""
+    """Raise :class:`PolicyFileError` unless the members are those ``meta`` records, none huge."""
     with zipfile.ZipFile(path) as zf:
         big = [i.filename for i in zf.infolist() if i.file_size > MAX_MEMBER_BYTES]
     if big:

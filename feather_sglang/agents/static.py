@@ -7,8 +7,8 @@ from feather_sglang.options import FeatherConfigError, int_opt
 
 
 class StaticRuleAgent(StopAddAgent):
-    """Admit while the shared chain shrinks by at most a few chunks, or the batch is below a
-    floor that grows with homogeneous admissions (``docs/design.md``, "The agents")."""
+    """Admit while the shared chain shrinks by a few chunks at most, or the batch is below a floor
+    that grows with homogeneous admissions."""
 
     name = "static"
     options = {

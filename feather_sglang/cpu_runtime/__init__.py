@@ -71,8 +71,7 @@ def server_defaults(values: dict) -> dict:
 
 
 def threads_binding(ranks: int, cores: list[int]) -> str | None:
-    """SGLang's per-rank core binding (``0-3|4-7``): ``cores`` split evenly among ``ranks``,
-    or None when there are fewer cores than ranks."""
+    """SGLang's per-rank core binding (``0-3|4-7``), or None with fewer cores than ranks."""
     if ranks < 2 or len(cores) < ranks:
         return None
     per = len(cores) // ranks
@@ -118,8 +117,7 @@ def accelerator_present() -> bool:
 
 
 def apply() -> list[str]:
-    """Apply the CPU runtime to this process (cheap: it runs at every Python start-up); returns
-    what was done, one line each."""
+    """Apply the CPU runtime to this process (at every Python start-up); returns what it did."""
     if os.environ.get(ENV_DISABLE) == "1" or accelerator_present():
         return []
     from . import sgl_kernel_standin, torchvision_fix

@@ -87,8 +87,7 @@ def _dispatch(controller, router: PrefixGroupRouter, req) -> None:
 
 
 def data_parallel_controller_init_around(original, controller, server_args, *args, **kwargs):
-    """AROUND hook on ``DataParallelController.__init__``: prefix-group dispatch, and a watchdog
-    over feather workers."""
+    """AROUND ``DataParallelController.__init__``: prefix-group dispatch, a worker watchdog."""
     from sglang.srt.runtime_context import get_parallel
 
     parallel = get_parallel()

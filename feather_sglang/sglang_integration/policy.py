@@ -126,8 +126,7 @@ class FeatherState:
             )
 
     def safe_order(self, waiting_queue: list[Req], running_batch: ScheduleBatch | None) -> bool:
-        """:meth:`order`, rebuilding feather's state after a fault; False once feather has stood
-        down (the caller runs fcfs)."""
+        """:meth:`order`, rebuilding after a fault; False once feather stood down (fcfs runs)."""
         try:
             if self._dirty:
                 self.rebuild(waiting_queue, running_batch)
@@ -179,8 +178,7 @@ class FeatherState:
 
     # ---- events from the scheduler -------------------------------------------------------
     def on_enqueue(self, req: Req, queue_index: int | None = None) -> None:
-        """``req`` entered the waiting queue (at ``queue_index``, if known); a reused rid is a new
-        request."""
+        """``req`` entered the waiting queue (at ``queue_index``); a reused rid is a new request."""
         known = self.reqs.get(req.rid)
         if known is not None and known is not req:
             self.planner.forget(req.rid)
@@ -284,8 +282,7 @@ class FeatherState:
         return self.reqs.get(req.rid) is req and self.planner.is_waiting(req.rid)
 
     def _adopt_tail(self, queue: list[Req], end: int | None = None) -> None:
-        """Take in the run of requests at the end of ``queue[:end]`` that were appended without the
-        enqueue hook (``waiting_queue.extend``), at O(their number)."""
+        """Take in the requests at the end of ``queue[:end]`` appended without the enqueue hook."""
         end = len(queue) if end is None else end
         start = end
         while start > 0 and not self._known_waiting(queue[start - 1]):
@@ -344,8 +341,7 @@ class FeatherState:
             slot[req.rid] = i + self._slot_base
 
     def _search(self, queue: list[Req], req: Req, j: int) -> int:
-        """Where ``req``, recorded at index ``j``, sits after the aborts' pops: within ``_shift``
-        places before ``j`` (O(_shift)), else -1."""
+        """Where ``req``, recorded at ``j``, sits after aborts' pops, else -1."""
         if j < 0 or not self._shift:
             return -1
         try:

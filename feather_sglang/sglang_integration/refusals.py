@@ -12,8 +12,7 @@ RANK_SAFE_AGENTS = ("admit", "static")
 
 
 def policy_refusals(server_args, agent: str | None = None) -> list[str]:
-    """Why ``--schedule-policy feather`` cannot run with these arguments and ``agent``
-    (``--feather-agent``) (empty: it can)."""
+    """Why ``--schedule-policy feather`` cannot run with these arguments and ``agent``."""
     out = []
     tp = getattr(server_args, "tp_size", 1) or 1
     if tp > 1 and agent is not None and agent.split(":")[0] not in RANK_SAFE_AGENTS:
