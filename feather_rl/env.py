@@ -12,7 +12,7 @@ from feather_rl import workload_specs
 from feather_rl.executors.real import DEFAULT_MAX_TOTAL_TOKENS
 from feather_sglang.agents.base import Action, AgentState
 from feather_sglang.agents.features import OBS_DIM, OBS_HIGH, OBS_LOW, observe
-from feather_sglang.agents.step_model import StepTimeModel
+from feather_sglang.agents.throughput import StepTimeModel
 from feather_sglang.cht import ChunkedHashTree, with_costs
 
 DEFAULT_CHUNK_SIZE = 50  # feather's default --feather-chunk-size

@@ -11,7 +11,7 @@ set to simulated seconds:
 - **Prefill**: one forward of the admitted requests; a prefix not in the cache is computed by
   every request of the pass that needs it (SGLang does not share within a prefill batch).
 - **Decode**: one token per running request per step, each step's time from
-  :class:`~feather_sglang.agents.step_model.StepTimeModel`'s form with calibrated
+  :class:`~feather_sglang.agents.throughput.StepTimeModel`'s form with calibrated
   coefficients (``feather_rl/data/step_costs_cpu.json``, from real servers' logs), times a
   lognormal noise. A request leaves when its output is done; its prefix stays cached.
 - **Arrivals**: all at once, or Poisson at a rate relative to the server's estimated capacity.

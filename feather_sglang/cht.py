@@ -1,12 +1,11 @@
-"""Chunked Hash Tree (CHT): which waiting request best fits the running batch's prefixes.
-
-How it works: ``docs/design.md``, "The chunked hash tree".
-"""
+"""Chunked Hash Tree (CHT): which waiting request best fits the running batch's prefixes (how it
+works: ``docs/design.md``, "The chunked hash tree")."""
 
 from __future__ import annotations
 
 import array
 import heapq
+import itertools
 import sys
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -22,8 +21,8 @@ from feather_sglang.chunk_hash import (
     token_bytes,
 )
 
-# A node's heap is rebuilt once its stale entries outnumber its live ones this many times, and
-# never for fewer stale entries than the minimum (see _compact_if_stale).
+# A node's heap is rebuilt once its stale entries outnumber its live ones this many times (and
+# are at least the minimum).
 HEAP_STALE_PER_LIVE = 2
 HEAP_COMPACT_MIN_STALE = 8
 
@@ -47,8 +46,7 @@ class CandidateView(NamedTuple):
     batch_size: int  # running requests now
 
     @property
-    def chunk_loss(self) -> int:
-        """Chunks of shared depth lost by admitting the candidate (negative when it grows)."""
+    def chunk_loss(self) -> int:  # negative when the shared depth grows
         return self.chunks_before - self.chunks_after
 
 
@@ -105,8 +103,7 @@ class _Request:
 
 
 class ChunkedHashTree:
-    """Incremental deficits and shared-chain view over waiting and running requests, keyed by
-    any hashable id (SGLang's ``rid``); costs: ``docs/design.md``."""
+    """Deficits and the shared chain over waiting and running requests, by any hashable id."""
 
     def __init__(self, chunk_size: int) -> None:
         if chunk_size < 1:
@@ -116,9 +113,9 @@ class ChunkedHashTree:
         self._running: dict[Hashable, _Request] = {}
         self._num_waiting = 0
         self._root = _Node(0, 0, [], None)
-        self._next_arrival = 0
+        self._arrivals = itertools.count()
         # Entry versions are unique, so comparing entries never reaches their items.
-        self._next_version = 0
+        self._versions = itertools.count()
         self._shared_chain: int | None = None  # cached shared-chain length
         # Chunks the running batch attends to: each distinct key once, and per request.
         self.working_set_chunks = 0
@@ -144,8 +141,7 @@ class ChunkedHashTree:
 
     def best(self) -> Hashable | None:
         """Waiting request with the least deficit, earliest arrival first; None if none wait."""
-        best = self._best()
-        return None if best is None else best[1].rid
+        return None if (best := self._best()) is None else best[1].rid
 
     def _best(self) -> tuple[int, _Request] | None:
         """(deficit, request) of the best waiting request: down the tournament's winners."""
@@ -160,16 +156,16 @@ class ChunkedHashTree:
     def shared_chain_len(self) -> int:
         """Leading levels (chunks) whose key every running request holds; 0 if none run."""
         if self._shared_chain is None:
-            length = 0
-            if self._running:
-                # Up the first running request's path to the node everyone runs through.
-                everyone = len(self._running)
-                node = next(iter(self._running.values())).leaf
-                while node.running != everyone and node.parent is not None:
-                    node = node.parent
-                length = node.end
-            self._shared_chain = length
+            first = next(iter(self._running.values()), None)
+            self._shared_chain = 0 if first is None else self._under_everyone(first.leaf).end
         return self._shared_chain
+
+    def _under_everyone(self, node: _Node) -> _Node:
+        """The deepest node of ``node``'s path that every running request runs through."""
+        everyone = len(self._running)
+        while node.running != everyone and node.parent is not None:
+            node = node.parent
+        return node
 
     def candidate_view(self, rid: Hashable) -> CandidateView:
         """The agent's view of admitting waiting request ``rid`` (see :class:`CandidateView`)."""
@@ -187,32 +183,25 @@ class ChunkedHashTree:
         chunks_before = self._shared_chain
         if chunks_before is None:
             chunks_before = self.shared_chain_len()
-        node = request.leaf
-        if self._running:
-            everyone = len(self._running)
-            while node.running != everyone and node.parent is not None:
-                node = node.parent
-        chunks_after = node.end
+        node = self._under_everyone(request.leaf)  # with none running: the leaf
         # Holders of the key at level chunks_after - 1 are the node's waiting requests.
-        waiting = node.waiting - 1 if chunks_after else 0  # minus the candidate
+        waiting = node.waiting - 1 if node.end else 0  # minus the candidate
         if deficit is None:
             deficit = _deficit(request)
-        return CandidateView(chunks_before, chunks_after, waiting, deficit, len(self._running))
+        return CandidateView(chunks_before, node.end, waiting, deficit, len(self._running))
 
     def waiting_shared_depth(self, rid: Hashable) -> int:
         """Leading chunks of waiting ``rid`` that at least one OTHER waiting request holds."""
         return self._deepest_shared_while_waiting(rid).end
 
     def waiting_shared_beyond_running(self, rid: Hashable) -> int:
-        """``waiting_shared_depth(rid)`` if running requests do not hold all of those leading
-        chunks, else 0 (an ancestor of a running node is running)."""
+        """``waiting_shared_depth(rid)`` unless running requests hold all those chunks, else 0."""
         node = self._deepest_shared_while_waiting(rid)
         return node.end if not node.running else 0
 
     def waiting_group(self, rid: Hashable) -> set[Hashable]:
-        """Ids of the waiting requests through the deepest node of waiting ``rid``'s path that
-        another waiting request shares (``rid``'s prefix group), or ``{rid}`` if it shares
-        none."""
+        """Ids of waiting ``rid``'s prefix group: the waiting requests through the deepest node of
+        its path that another waiting request shares (``{rid}`` if none)."""
         node = self._deepest_shared_while_waiting(rid)
         if node.parent is None:  # the root: nothing shared
             return {rid}
@@ -229,8 +218,7 @@ class ChunkedHashTree:
         return group
 
     def _deepest_shared_while_waiting(self, rid: Hashable) -> _Node:
-        """The deepest node of waiting ``rid``'s path that another waiting request runs
-        through too (the root if none)."""
+        """The deepest node of waiting ``rid``'s path that another waiting request shares."""
         node = self._waiting_request(rid).leaf
         while node.waiting < 2 and node.parent is not None:
             node = node.parent
@@ -255,39 +243,28 @@ class ChunkedHashTree:
 
     def memory_footprint(self) -> MemoryFootprint:
         """What the tree holds (O(nodes)), to check memory returns to baseline."""
-        nodes = levels = working = reverse = holders = entries = tokens = 0
-        heap_entries, live = len(self._root.heap), self._root.live
-        stack = list(self._root.children.values())
+        nodes, stack = [], list(self._root.children.values())
         while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            length = node.end - node.start
-            nodes += 1
-            levels = max(levels, node.end)
-            working += length if node.running else 0
-            reverse += length if node.waiting else 0
-            holders += length * node.waiting
-            entries += node.waiting
-            tokens += 0 if node.source is None else node.stop - node.start * self.chunk_size
-            heap_entries += len(node.heap)
-            live += node.live
+            nodes.append(stack.pop())
+            stack.extend(nodes[-1].children.values())
         return MemoryFootprint(
             requests=len(self._requests),
-            levels=levels,
-            working_set_keys=working,
-            reverse_index_keys=reverse,
-            reverse_index_holders=holders,
-            heap_entries=heap_entries,
-            nodes=nodes,
-            holder_entries=entries,
-            node_tokens=tokens,
-            live_heap_entries=live,
+            levels=max((n.end for n in nodes), default=0),
+            working_set_keys=sum(n.end - n.start for n in nodes if n.running),
+            reverse_index_keys=sum(n.end - n.start for n in nodes if n.waiting),
+            reverse_index_holders=sum((n.end - n.start) * n.waiting for n in nodes),
+            heap_entries=len(self._root.heap) + sum(len(n.heap) for n in nodes),
+            nodes=len(nodes),
+            holder_entries=sum(n.waiting for n in nodes),
+            live_heap_entries=self._root.live + sum(n.live for n in nodes),
+            node_tokens=sum(
+                n.stop - n.start * self.chunk_size for n in nodes if n.source is not None
+            ),
         )
 
     def add_waiting(self, rid: Hashable, token_ids: Iterable[int] | np.ndarray) -> None:
         """A request arrives with its prompt token ids; it joins the waiting queue."""
-        if rid in self._requests:
-            raise ValueError(f"request {rid!r} is already tracked ({self._requests[rid].state})")
+        self._check_new(rid)
         buffer = token_bytes(token_ids)
         tokens = np.frombuffer(buffer, dtype="<i8")
         keys = self._keys_reusing_nodes(buffer, tokens)
@@ -304,16 +281,17 @@ class ChunkedHashTree:
     def add_waiting_keys(self, rid: Hashable, keys: Sequence[int]) -> None:
         """Like :meth:`add_waiting` with precomputed ``chunk_hashes(tokens, chunk_size)``
         (the nodes it creates keep no tokens, so later prompts hash through them)."""
+        self._check_new(rid)
+        self._add(rid, list(keys), None, 0)
+
+    def _check_new(self, rid: Hashable) -> None:
         if rid in self._requests:
             raise ValueError(f"request {rid!r} is already tracked ({self._requests[rid].state})")
-        self._add(rid, list(keys), None, 0)
 
     def _add(self, rid: Hashable, keys: list[int], source: object, num_tokens: int) -> None:
         leaf = self._insert_path(keys, source, num_tokens)
         leaf.ends += 1
-        request = _Request(rid, len(keys), leaf, self._next_arrival)
-        self._next_arrival += 1
-        self._requests[rid] = request
+        request = self._requests[rid] = _Request(rid, len(keys), leaf, next(self._arrivals))
         self._enter_waiting(request)
 
     def admit(self, rid: Hashable) -> None:
@@ -366,8 +344,7 @@ class ChunkedHashTree:
 
     # ---- the tree's shape --------------------------------------------------------------------
     def _keys_reusing_nodes(self, buffer: bytes | memoryview, tokens: np.ndarray) -> list[int]:
-        """``chunk_hashes(tokens, chunk_size)``, taking the keys of every node whose tokens
-        the prompt repeats instead of hashing those chunks."""
+        """``chunk_hashes``, with the keys of every node whose tokens the prompt repeats."""
         chunk, total_tokens = self.chunk_size, len(tokens)
         total = -(-total_tokens // chunk)
         keys: list[int] = []
@@ -384,10 +361,7 @@ class ChunkedHashTree:
             # The child's chunks are the prompt's if the tokens and the last chunk's length match.
             if stop > total_tokens or (stop != total_tokens and stop != child.end * chunk):
                 break
-            source = child.source
-            theirs = (
-                source if isinstance(source, np.ndarray) else np.frombuffer(source, dtype="<i8")
-            )
+            theirs = np.frombuffer(child.source, dtype="<i8")  # an ndarray or an array('q')
             if not np.array_equal(tokens[level * chunk : stop], theirs[level * chunk : stop]):
                 break
             keys.extend(child.keys[1:])
@@ -423,21 +397,11 @@ class ChunkedHashTree:
         return node
 
     def _split(self, node: _Node, level: int) -> _Node:
-        """Cut ``node`` before ``level``; return the new upper part (``node`` keeps the lower
-        part, so leaves stay valid). Copies the waiting set: O(waiting through it)."""
-        cut = level - node.start
-        parent = node.parent
-        upper = _Node(
-            node.start,
-            level,
-            node.keys[:cut],
-            parent,
-            node.source,
-            level * self.chunk_size,
-            {node.keys[cut]: node},
-            node.running,
-            node.waiting,
-        )
+        """Cut ``node`` before ``level``; the new upper part is returned, ``node`` stays a leaf."""
+        cut, parent, stop = level - node.start, node.parent, level * self.chunk_size
+        upper = _Node(node.start, level, node.keys[:cut], parent, node.source, stop)
+        upper.running, upper.waiting = node.running, node.waiting
+        upper.children[node.keys[cut]] = node
         parent.children[node.keys[0]] = upper
         node.start, node.keys, node.parent = level, node.keys[cut:], upper
         self._unpost(node, parent)
@@ -464,27 +428,23 @@ class ChunkedHashTree:
 
     # ---- counts and deficits -------------------------------------------------------------
     def _enter_waiting(self, request: _Request) -> None:
-        leaf = node = request.leaf
-        while node.parent is not None:
-            node.waiting += 1
-            node = node.parent
         request.state = RequestState.WAITING
-        self._num_waiting += 1
-        request.version = version = self._next_version
-        self._next_version += 1
-        leaf.live += 1
-        heapq.heappush(leaf.heap, (0, request.arrival, version, request))
-        _compact_if_stale(leaf)
-        self._refresh(leaf)
+        request.version = next(self._versions)
+        heapq.heappush(request.leaf.heap, (0, request.arrival, request.version, request))
+        self._count_waiting(request.leaf, +1)
 
     def _leave_waiting(self, request: _Request) -> None:
-        leaf = node = request.leaf
-        while node.parent is not None:
-            node.waiting -= 1
-            node = node.parent
         request.version = -1  # its heap entry is now stale
-        leaf.live -= 1
-        self._num_waiting -= 1
+        self._count_waiting(request.leaf, -1)
+
+    def _count_waiting(self, leaf: _Node, step: int) -> None:
+        """A waiting request through ``leaf`` arrives (step +1) or leaves (-1)."""
+        node = leaf
+        while node.parent is not None:
+            node.waiting += step
+            node = node.parent
+        self._num_waiting += step
+        leaf.live += step
         _compact_if_stale(leaf)
         self._refresh(leaf)
 
@@ -517,8 +477,7 @@ class ChunkedHashTree:
             self._refresh(node)
 
     def _refresh(self, node: _Node) -> None:
-        """Re-post ``node``'s key in its parent's heap after its best entry or its running
-        count changed, and climb while the posted keys change."""
+        """Re-post ``node``'s key in its parent's heap, and climb while the posted keys change."""
         while node.parent is not None:
             top = _top(node)
             key = (
@@ -529,19 +488,15 @@ class ChunkedHashTree:
             if key == node.key:
                 return
             parent = node.parent
-            if node.key is None:
-                parent.live += 1
-            elif key is None:
+            if key is None:  # it had one
                 parent.live -= 1
-            node.key = key
-            if key is None:
                 node.version = -1
-                _compact_if_stale(parent)
             else:
-                node.version = version = self._next_version
-                self._next_version += 1
-                heapq.heappush(parent.heap, (key[0], key[1], version, node))
-                _compact_if_stale(parent)
+                parent.live += node.key is None
+                node.version = next(self._versions)
+                heapq.heappush(parent.heap, (*key, node.version, node))
+            node.key = key
+            _compact_if_stale(parent)
             node = parent
         _top(node)  # the root: drop stale entries now, so that an empty tree holds none
 

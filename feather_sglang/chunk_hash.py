@@ -21,10 +21,9 @@ def token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
     """The token ids as one buffer of little-endian int64, 8 bytes a token (SGLang's
     ``array('q')`` is read in place); ``np.frombuffer(token_bytes(ids), "<i8")`` views it."""
     if isinstance(token_ids, array.array):
+        empty = not token_ids
         token_ids = (
-            np.frombuffer(token_ids, dtype=token_ids.typecode)
-            if token_ids
-            else np.empty(0, _TOKEN_DTYPE)
+            np.empty(0, _TOKEN_DTYPE) if empty else np.frombuffer(token_ids, token_ids.typecode)
         )
     if isinstance(token_ids, np.ndarray):
         if token_ids.ndim != 1:
@@ -42,34 +41,26 @@ def token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
 
 
 def chunk_hashes(token_ids: Iterable[int] | np.ndarray, chunk_size: int) -> list[int]:
-    """Cumulative 64-bit hashes of ``token_ids`` (ints, or a 1-D integer numpy array) cut into
-    chunks of ``chunk_size`` >= 1 tokens: ``ceil(n / chunk_size)`` of them, entry ``i`` covering
-    chunks ``0..i``."""
+    """Cumulative 64-bit hashes of ``token_ids`` in chunks of ``chunk_size`` tokens, the last one
+    possibly partial: entry ``i`` covers chunks ``0..i``."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 token, got {chunk_size}")
     return hash_chunks_from(token_bytes(token_ids), chunk_size, 0, CHUNK_HASH_ROOT_SEED)
 
 
 def hash_chunk(buffer: bytes | memoryview, chunk_size: int, index: int, seed: int) -> int:
-    """The cumulative hash of chunk ``index`` of ``buffer`` given ``seed``, the hash of chunk
-    ``index - 1`` (``CHUNK_HASH_ROOT_SEED`` for chunk 0)."""
+    """The cumulative hash of chunk ``index`` of ``buffer``; ``seed``: chunk ``index - 1``'s."""
     chunk_bytes = chunk_size * _TOKEN_BYTES
     start = index * chunk_bytes
     return xxhash.xxh3_64_intdigest(buffer[start : start + chunk_bytes], seed=seed)
 
 
-def hash_chunks_from(
-    buffer: bytes | memoryview, chunk_size: int, first: int, seed: int
-) -> list[int]:
+def hash_chunks_from(buffer: bytes | memoryview, chunk_size: int, first: int, seed: int) -> list:
     """The cumulative hashes of chunks ``first, first + 1, ...`` of ``buffer`` (from
-    :func:`token_bytes`), given ``seed``: the hash of chunk ``first - 1``
-    (``CHUNK_HASH_ROOT_SEED`` when ``first`` is 0). ``chunk_hashes`` is ``first = 0``."""
+    :func:`token_bytes`); ``seed``: chunk ``first - 1``'s (``CHUNK_HASH_ROOT_SEED`` for 0)."""
     chunk_bytes = chunk_size * _TOKEN_BYTES
-    digest = xxhash.xxh3_64_intdigest
-    hashes: list[int] = []
-    previous = seed
-    # One xxh3 call per chunk, not per token.
-    for start in range(first * chunk_bytes, len(buffer), chunk_bytes):
+    digest, hashes, previous = xxhash.xxh3_64_intdigest, [], seed
+    for start in range(first * chunk_bytes, len(buffer), chunk_bytes):  # one xxh3 call a chunk
         previous = digest(buffer[start : start + chunk_bytes], seed=previous)
         hashes.append(previous)
     return hashes

@@ -18,6 +18,8 @@ from feather_sglang.options import (
 
 __all__ = ["FeatherConfig", "FeatherConfigError", "MIN_CHUNK_SIZE"]
 
+MIN_CHUNK_SIZE = 8  # the default chunk and its floor: docs/design.md, "Chunk hashes"
+
 
 def _agent_name(name: str, value: Any) -> str:
     """An agent name, or ``ppo:PATH`` / ``dqn:PATH`` whose file is loaded and checked here."""
@@ -27,39 +29,40 @@ def _agent_name(name: str, value: Any) -> str:
         raise FeatherConfigError(f"{flag(name)}: {exc}") from None
 
 
-MIN_CHUNK_SIZE = 8
-
-
-# The default chunk and its floor: docs/design.md, "Chunk hashes".
-_CHUNK_SIZE = opt(
-    50,
-    int_at_least(MIN_CHUNK_SIZE),
-    f"Tokens per chunk of the chunked hash tree (>= {MIN_CHUNK_SIZE}). Prefix sharing is seen at this "
-    "granularity.",
-)
-_AGENT = opt(
-    "admit",
-    _agent_name,
-    "Stop/add agent deciding when to stop admitting into the running batch, in the CHT's order: "
-    "admit (every candidate; SGLang's admission stops where memory does: measured best), throughput (admits while the "
-    "batch's predicted decode throughput, from a step-time model of this server's backend refined by "
-    "its own step times, does not fall), static (the paper's rule), ucb (contextual bandit, learns "
-    "online), qlearning (tabular, learns online), ppo:PATH or dqn:PATH (a policy trained with "
-    "feather-train, e.g. feather_rl/agents/ppo_serving.zip).",
-)
-_MAX_WAIT_S = opt(
-    60.0,
-    positive_seconds,
-    "Starvation bound: once the oldest request has waited longer than this many seconds, "
-    "the requests of its prefix group that have are admitted first whatever the batch "
-    "holds, one group at a time (> 0; 'inf' disables).",
-)
-_PREFIX_LEADER = opt(
-    True,
-    boolean,
-    "When a chosen request's shared prefix is not in the radix cache yet, admit it alone "
-    "first so the rest of its group reuse its KV next pass (true/false).",
-)
+_OWN = {
+    "chunk_size": opt(
+        50,
+        int_at_least(MIN_CHUNK_SIZE),
+        f"Tokens per chunk of the chunked hash tree (>= {MIN_CHUNK_SIZE}). Prefix sharing is seen "
+        "at this granularity.",
+    ),
+    "agent": opt(
+        "admit",
+        _agent_name,
+        "Stop/add agent deciding when to stop admitting into the running batch, in the CHT's "
+        "order: admit (every candidate; SGLang's admission stops where memory does: measured "
+        "best), throughput (admits while the batch's predicted decode throughput, from a "
+        "step-time model of this server's backend refined by its own step times, does not "
+        "fall), static (the paper's rule), ucb (contextual bandit, learns online), qlearning "
+        "(tabular, learns online), ppo:PATH or dqn:PATH (a policy trained with feather-train, "
+        "e.g. feather_rl/agents/ppo_serving.zip).",
+    ),
+}
+_LAST = {
+    "max_wait_s": opt(
+        60.0,
+        positive_seconds,
+        "Starvation bound: once the oldest request has waited longer than this many seconds, the "
+        "requests of its prefix group that have are admitted first whatever the batch holds, one "
+        "group at a time (> 0; 'inf' disables).",
+    ),
+    "prefix_leader": opt(
+        True,
+        boolean,
+        "When a chosen request's shared prefix is not in the radix cache yet, admit it alone "
+        "first so the rest of its group reuse its KV next pass (true/false).",
+    ),
+}
 
 
 class _FeatherConfig:
@@ -70,8 +73,7 @@ class _FeatherConfig:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            checked = f.metadata["check"](f.name, getattr(self, f.name))
-            object.__setattr__(self, f.name, checked)
+            object.__setattr__(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
         for cls in agents.agent_classes():
             cls.check_options(self)
 
@@ -86,9 +88,9 @@ class _FeatherConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {}
         for key, value in values.items():
-            if not key.startswith("feather_"):
+            name = key.removeprefix("feather_")
+            if name == key:
                 continue
-            name = key[len("feather_") :]
             if name not in known:
                 raise FeatherConfigError(
                     f"unknown feather option {key!r}; allowed: "
@@ -102,15 +104,13 @@ class _FeatherConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def _fields() -> list[tuple[str, type, dataclasses.Field]]:
-    own = [("chunk_size", int, _CHUNK_SIZE), ("agent", str, _AGENT)]
-    for cls in agents.agent_classes():
-        own += [(name, typ, f) for name, (typ, f) in cls.options.items()]
-    return own + [("max_wait_s", float, _MAX_WAIT_S), ("prefix_leader", bool, _PREFIX_LEADER)]
-
-
+_OPTIONS = _OWN | {k: v for cls in agents.agent_classes() for k, v in cls.options.items()} | _LAST
 FeatherConfig = dataclasses.make_dataclass(
-    "FeatherConfig", _fields(), bases=(_FeatherConfig,), frozen=True, slots=True
+    "FeatherConfig",
+    [(name, type(f.default), f) for name, f in _OPTIONS.items()],
+    bases=(_FeatherConfig,),
+    frozen=True,
+    slots=True,
 )
 FeatherConfig.__module__ = __name__
 FeatherConfig.__doc__ = _FeatherConfig.__doc__

@@ -20,9 +20,7 @@ def int_at_least(low: int) -> Callable[[str, Any], int]:
     def check(name: str, value: Any) -> int:
         try:
             as_int = int(value)
-            if isinstance(value, float) and value != as_int:
-                raise ValueError
-            if isinstance(value, bool):
+            if isinstance(value, bool) or (isinstance(value, float) and value != as_int):
                 raise ValueError
         except (TypeError, ValueError):
             raise FeatherConfigError(
@@ -39,10 +37,8 @@ def positive_seconds(name: str, value: Any) -> float:
     try:
         as_float = float(value)
     except (TypeError, ValueError):
-        raise FeatherConfigError(
-            f"{flag(name)} must be a number of seconds > 0 (or 'inf' to disable), got {value!r}"
-        ) from None
-    if math.isnan(as_float) or as_float <= 0:
+        as_float = math.nan
+    if not as_float > 0:  # NaN too
         raise FeatherConfigError(
             f"{flag(name)} must be a number of seconds > 0 (or 'inf' to disable), got {value!r}"
         )
@@ -61,4 +57,10 @@ def boolean(name: str, value: Any) -> bool:
 
 
 def opt(default, check, help: str):
+    """An option: its field's type is its default's."""
     return field(default=default, metadata={"check": check, "help": help})
+
+
+def int_opt(default: int, low: int, help: str):
+    """An integer option of at least ``low``; its help ends with that bound."""
+    return opt(default, int_at_least(low), f"{help} (>= {low}).")

@@ -1,7 +1,5 @@
-"""One scheduling pass of feather, independent of SGLang's objects.
-
-The steps of a pass: ``docs/design.md``, "The planner".
-"""
+"""One scheduling pass of feather, independent of SGLang's objects (the steps of a pass:
+``docs/design.md``, "The planner")."""
 
 from __future__ import annotations
 
@@ -77,12 +75,14 @@ class AdmissionPlanner:
         """A request left for good (finished, aborted) from wherever it was."""
         if rid in self.cht:
             self.cht.remove(rid)
+        self._dequeued(rid)
+
+    def _dequeued(self, rid: Hashable) -> None:
         self._waiting_since.pop(rid, None)
         self._enqueue_seq.pop(rid, None)
 
     def sync_running(self, running: dict[Hashable, Callable[[], Iterable[int]]]) -> list[Hashable]:
-        """Make the CHT's running set equal ``running`` (rid -> lazy prompt token ids), in
-        O(running); returns the ids forgotten."""
+        """The CHT's running set becomes ``running`` (rid -> lazy prompt tokens); ids forgotten."""
         if self._pending:
             # A plan whose end_pass never came: what runs now was admitted, the rest goes back.
             self.end_pass([rid for rid in self._pending if rid in running])
@@ -94,8 +94,7 @@ class AdmissionPlanner:
                 self.cht.add_waiting(rid, tokens())
             if self.cht.state(rid) is RequestState.WAITING:
                 self.cht.admit(rid)
-                self._waiting_since.pop(rid, None)
-                self._enqueue_seq.pop(rid, None)
+                self._dequeued(rid)
         return gone
 
     def sync_waiting(self, waiting: dict[Hashable, Callable[[], Iterable[int]]]) -> list[Hashable]:
@@ -131,16 +130,15 @@ class AdmissionPlanner:
         the KV tokens free and in all: ``docs/design.md``, "The planner"."""
         start = time.perf_counter()
         self.end_pass(())  # a plan the scheduler never consumed is rolled back
-        cht, agent, config = self.cht, self.agent, self.config
+        cht, agent, chunk_size = self.cht, self.agent, self.config.chunk_size
         plan = Plan()
         if cht.num_running == 0:
             agent.on_batch_empty()
         # The agent as it was before this plan, for a partly consumed plan (see end_pass).
         self._agent_checkpoint = agent.checkpoint()
         self._admit_states: list[tuple[Hashable, AgentState]] = []
-
+        cached = cached_prefix_tokens if self.config.prefix_leader else None
         planned_tokens = 0  # estimated new prefill tokens of the picks so far
-        leader_check = cached_prefix_tokens is not None and config.prefix_leader
         # One scan of the enqueue order per pass, resumed for each starved group.
         self._oldest_scan = iter(self._waiting_since)
 
@@ -150,17 +148,12 @@ class AdmissionPlanner:
             )
 
         while room() and (group := self._starved_group()):
-            lead = group[0]
-            leader = (
-                leader_check
-                and cht.deficit(lead) > 0
-                and self._needs_leader(lead, cached_prefix_tokens)
-            )
+            leader = self._needs_leader(group[0], cht.deficit(group[0]), cached)
             for rid in group:
                 if not room():
                     break
-                if rid in cht and cht.state(rid) is RequestState.WAITING:  # not gone meanwhile
-                    planned_tokens += cht.deficit(rid) * config.chunk_size
+                if self.is_waiting(rid):  # not gone meanwhile
+                    planned_tokens += cht.deficit(rid) * chunk_size
                     cht.admit(rid)
                     plan.rids.append(rid)
                     if leader:
@@ -173,9 +166,7 @@ class AdmissionPlanner:
         # The hot path of a pass: bound methods and constants are looked up once.
         rids, admit_states = plan.rids, self._admit_states
         best_view, admit, decide, on_admit = cht.best_view, cht.admit, agent.decide, agent.on_admit
-        chunk_size = config.chunk_size
-        headroom = 1.0 if kv_free_tokens is None or not kv_capacity_tokens else None
-        costs = agent.wants_costs
+        kv_known, costs = kv_free_tokens is not None and bool(kv_capacity_tokens), agent.wants_costs
         while True:
             if len(rids) >= max_new:
                 plan.stop_reason = "limit" if cht.num_waiting else "empty"
@@ -183,36 +174,23 @@ class AdmissionPlanner:
             if token_budget is not None and planned_tokens >= token_budget:
                 plan.stop_reason = "budget"
                 break
-            best = best_view()
-            if best is None:
+            if (best := best_view()) is None:
                 plan.stop_reason = "empty"
                 break
             rid, view = best
+            # KV capacity still free once this pass's picks so far are counted.
+            headroom = (kv_free_tokens - planned_tokens) / kv_capacity_tokens if kv_known else 1.0
+            # CandidateView's first three fields are AgentState's second to fourth.
             state = AgentState(
-                view.batch_size,
-                view.chunks_before,
-                view.chunks_after,
-                view.waiting,
-                cht.num_waiting,
-                headroom
-                if headroom is not None
-                else _headroom(kv_free_tokens, kv_capacity_tokens, planned_tokens),
+                view.batch_size, *view[:3], cht.num_waiting, min(max(headroom, 0.0), 1.0)
             )
             if costs:
-                state = with_costs(
-                    state,
-                    cht,
-                    rid,
-                    view.deficit,
-                    max_new - len(rids),
-                    -1 if kv_free_tokens is None else max(kv_free_tokens - planned_tokens, 0),
-                )
+                kv_free = -1 if kv_free_tokens is None else max(kv_free_tokens - planned_tokens, 0)
+                state = with_costs(state, cht, rid, view.deficit, max_new - len(rids), kv_free)
             if decide(state) is Action.STOP:
                 plan.stop_reason = "agent"
                 break
-            leader = (
-                leader_check and view.deficit > 0 and self._needs_leader(rid, cached_prefix_tokens)
-            )
+            leader = self._needs_leader(rid, view.deficit, cached)
             planned_tokens += view.deficit * chunk_size
             admit(rid)
             on_admit(state)
@@ -224,18 +202,12 @@ class AdmissionPlanner:
         return self._finish_plan(plan, start)
 
     def on_step(self, batch_size: int, seconds: float, decode: bool) -> None:
-        """A forward step of ``batch_size`` requests ran in ``seconds``; decode steps also
-        tell the agent what the batch attended to (the CHT's running set)."""
-        agent = self.agent
-        agent.on_step(batch_size, seconds)
+        """A forward step ran; decode steps also tell the agent what the batch attended to."""
+        self.agent.on_step(batch_size, seconds)
         if decode:
+            unique, tokens = self.cht.working_set_chunks, self.cht.running_chunks
             chunk = self.config.chunk_size
-            agent.on_decode_step(
-                batch_size,
-                self.cht.working_set_chunks * chunk,
-                self.cht.running_chunks * chunk,
-                seconds,
-            )
+            self.agent.on_decode_step(batch_size, unique * chunk, tokens * chunk, seconds)
 
     def _finish_plan(self, plan: Plan, start: float) -> Plan:
         self._pending = list(plan.rids)
@@ -248,10 +220,9 @@ class AdmissionPlanner:
         return plan
 
     def _starved_group(self) -> deque[Hashable]:
-        """The starved group to serve now: what is left waiting of the current one, else the
-        oldest starved request's group, else empty."""
+        """What is left of the starved group being served, else the oldest starved one's group."""
         drain, cht = self._drain, self.cht
-        while drain and (drain[0] not in cht or cht.state(drain[0]) is not RequestState.WAITING):
+        while drain and not self.is_waiting(drain[0]):
             drain.popleft()
         if drain:
             return drain
@@ -268,14 +239,16 @@ class AdmissionPlanner:
         drain.extend(starved)
         return drain
 
-    def _needs_leader(self, rid, cached_prefix_tokens) -> bool:
-        """True if ``rid`` shares leading chunks with other waiting requests that are not
-        cached yet (only a shared part beyond the running requests' is looked up)."""
+    def _needs_leader(self, rid, deficit: int, cached_prefix_tokens) -> bool:
+        """True if ``rid`` (with ``deficit`` > 0) shares leading chunks with other waiting
+        requests that are not cached yet (only a shared part beyond the running requests' is
+        looked up); never without ``cached_prefix_tokens``."""
+        if cached_prefix_tokens is None or deficit <= 0:
+            return False
         shared_chunks = self.cht.waiting_shared_beyond_running(rid)
         if not shared_chunks:
             return False
-        uncached_from = cached_prefix_tokens(rid) // self.config.chunk_size
-        return uncached_from < shared_chunks - 1
+        return cached_prefix_tokens(rid) // self.config.chunk_size < shared_chunks - 1
 
     def end_pass(self, admitted: Iterable[Hashable]) -> None:
         """The scheduler took ``admitted`` (ids) from the last plan; the rest go back to waiting."""
@@ -285,8 +258,7 @@ class AdmissionPlanner:
         rolled_back = False
         for rid in self._pending:
             if rid in admitted:
-                self._waiting_since.pop(rid, None)
-                self._enqueue_seq.pop(rid, None)
+                self._dequeued(rid)
                 self.stats.admitted += 1
             elif rid in self.cht and self.cht.state(rid) is RequestState.RUNNING:
                 self.cht.retract(rid)
@@ -298,8 +270,7 @@ class AdmissionPlanner:
             for rid, state in self._admit_states:
                 if rid in admitted:
                     self.agent.on_admit(state)
-        self._pending = []
-        self._admit_states = []
+        self._pending, self._admit_states = [], []
 
     def take_stats(self) -> PlannerStats:
         stats, self.stats = self.stats, PlannerStats()
@@ -310,9 +281,7 @@ class SharedClock:
     """The planner's clock for tensor-parallel ranks: the current pass's time as the first rank
     read it (``tick()`` once per pass; ``broadcast([value])`` returns the first rank's)."""
 
-    def __init__(
-        self, broadcast: Callable[[list], list], local: Callable[[], float] = time.monotonic
-    ):
+    def __init__(self, broadcast: Callable[[list], list], local=time.monotonic) -> None:
         self.broadcast, self.local = broadcast, local
         self.tick()  # every rank builds its clock at the same point of start-up
 
@@ -321,10 +290,3 @@ class SharedClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def _headroom(free: int | None, capacity: int | None, planned_tokens: int) -> float:
-    """Fraction of the KV capacity still free once this pass's picks so far are counted."""
-    if free is None or not capacity:
-        return 1.0
-    return min(max((free - planned_tokens) / capacity, 0.0), 1.0)

@@ -1,4 +1,4 @@
-"""The stop/add agent interface: every agent (static rule, bandit, Q-learning, trained) plugs in here."""
+"""The stop/add agent interface that every agent plugs into (``docs/design.md``, "The agents")."""
 
 from __future__ import annotations
 
@@ -43,7 +43,6 @@ class AgentState(NamedTuple):
 
     @property
     def loss(self) -> int:
-        """Chain depth lost if the candidate joins, never negative."""
         return max(self.delta, 0)
 
 
@@ -57,19 +56,18 @@ class ServerShape(NamedTuple):
 
 
 class StopAddAgent(ABC):
-    """Decides, candidate by candidate, whether to keep admitting into the running batch (its
-    life cycle: ``docs/design.md``, "The agents")."""
+    """Decides, candidate by candidate, whether to keep admitting into the running batch."""
 
     name: ClassVar[str]
+    takes_path: ClassVar[bool] = False  # named ``name:PATH``, with a file to load
     # True: the planner fills AgentState's token costs (three more O(path) walks per pick).
     wants_costs: ClassVar[bool] = False
-    # field name -> (type, opt(...)): FeatherConfig fields (``--feather-<name>``) for any agent.
-    options: ClassVar[dict[str, tuple[type, object]]] = {}
+    # field name -> opt(...): FeatherConfig fields (``--feather-<name>``) for any agent.
+    options: ClassVar[dict[str, object]] = {}
 
     @staticmethod
     def check_options(config: "FeatherConfig") -> None:
-        """Checks across this agent's settings (each field's own check has run); raises
-        FeatherConfigError."""
+        """Checks across this agent's options; raises FeatherConfigError."""
 
     def __init__(self, config: "FeatherConfig") -> None:
         self.config = config
@@ -77,31 +75,26 @@ class StopAddAgent(ABC):
     @abstractmethod
     def decide(self, state: AgentState) -> Action: ...
 
-    def on_admit(self, state: AgentState) -> None:
-        """The candidate described by ``state`` was admitted."""
+    def on_admit(self, state: AgentState) -> None: ...
 
     def on_batch_empty(self) -> None:
         """Nothing is running: the next admission starts a new batch."""
 
-    def on_step(self, batch_size: int, step_time_s: float) -> None:
-        """One forward step of ``batch_size`` requests took ``step_time_s`` seconds."""
+    def on_step(self, batch_size: int, step_time_s: float) -> None: ...
 
     def on_decode_step(
         self, batch_size: int, unique_tokens: int, tokens: int, step_time_s: float
     ) -> None:
-        """One decode step of ``batch_size`` requests over ``tokens`` prompt tokens
-        (``unique_tokens`` with shared chunks counted once) took ``step_time_s`` seconds."""
+        """A decode step over ``tokens`` prompt tokens (``unique_tokens``: shared chunks once)."""
 
-    def bind_server(self, server: "ServerShape") -> None:
-        """The server this agent decides for (called once the scheduler is set up)."""
+    def bind_server(self, server: "ServerShape") -> None: ...
 
     def describe(self) -> str:
-        """What the agent has learned so far, for the scheduler's periodic log line ('' if nothing)."""
+        """What the agent has learned so far, for the periodic log line ('' if nothing)."""
         return ""
 
     def checkpoint(self) -> object:
-        """A copy of whatever ``on_admit``/``on_batch_empty`` change (default: all attributes
-        but the config)."""
+        """A copy of whatever ``on_admit``/``on_batch_empty`` change (default: all but config)."""
         return copy.deepcopy({k: v for k, v in vars(self).items() if k != "config"})
 
     def restore(self, checkpoint: object) -> None:

@@ -8,8 +8,7 @@ import math
 import numpy as np
 
 from feather_sglang.agents.base import AgentState
-from feather_sglang.agents.step_model import StepTimeModel
-from feather_sglang.agents.throughput import group_gain
+from feather_sglang.agents.throughput import StepTimeModel, group_gain
 
 OBS_FIELDS = (
     "batch_fill",

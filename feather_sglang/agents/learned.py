@@ -35,16 +35,12 @@ class PolicyFileError(ValueError):
 def manifest_of(path: str | Path) -> dict[str, str]:
     """SHA-256 of every member of a policy file but the metadata member, which records it."""
     with zipfile.ZipFile(path) as zf:
-        return {
-            n: hashlib.sha256(zf.read(n)).hexdigest()
-            for n in sorted(zf.namelist())
-            if n != META_MEMBER
-        }
+        names = sorted(set(zf.namelist()) - {META_MEMBER})
+        return {n: hashlib.sha256(zf.read(n)).hexdigest() for n in names}
 
 
 def check_manifest(path: str | Path, meta: dict, where: str) -> None:
-    """Raise :class:`PolicyFileError` unless the file's members are exactly those its metadata
-    records, none of them oversized."""
+    """Raise :class:`PolicyFileError` unless the members are those ``meta`` records, none huge."""
     with zipfile.ZipFile(path) as zf:
         big = [i.filename for i in zf.infolist() if i.file_size > MAX_MEMBER_BYTES]
     if big:
@@ -72,14 +68,10 @@ class NumpyPolicy:
     meta: dict
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
-        act = _ACTIVATIONS[self.activation]
-        x = obs
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            x = x @ w + b
-            if i < last:
-                x = act(x)
-        return x
+        act, x = _ACTIVATIONS[self.activation], obs
+        for w, b in zip(self.weights[:-1], self.biases[:-1]):
+            x = act(x @ w + b)
+        return x @ self.weights[-1] + self.biases[-1]
 
     def act(self, obs: np.ndarray) -> Action:
         out = self.forward(obs)
@@ -127,8 +119,14 @@ def load_policy(path: str | Path, algo: str) -> NumpyPolicy:
         if WEIGHTS_MEMBER not in names:
             raise PolicyFileError(f"{where}: has no {WEIGHTS_MEMBER} (the network's weights)")
     check_manifest(path, meta, where)
+    import torch  # only here, once, at load time
+
     with zipfile.ZipFile(path) as zf:
-        state_dict = _load_state_dict(zf.read(WEIGHTS_MEMBER), where)
+        data = io.BytesIO(zf.read(WEIGHTS_MEMBER))
+    try:
+        state_dict = torch.load(data, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is a start-up error
+        raise PolicyFileError(f"{where}: cannot read {WEIGHTS_MEMBER}: {e}") from None
     weights, biases = _extract_layers(state_dict, algo, where)
     if not all(np.isfinite(a).all() for a in (*weights, *biases)):
         raise PolicyFileError(
@@ -145,27 +143,13 @@ def load_policy(path: str | Path, algo: str) -> NumpyPolicy:
     return NumpyPolicy(algo, tuple(weights), tuple(biases), activation, meta)
 
 
-def _load_state_dict(data: bytes, where: str) -> dict:
-    import torch  # only here, once, at load time
-
-    try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is a start-up error
-        raise PolicyFileError(f"{where}: cannot read {WEIGHTS_MEMBER}: {e}") from None
-
-
 def _extract_layers(
     state_dict: dict, algo: str, where: str
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    hidden_prefix, out_prefix = _LAYER_PREFIXES[algo]
-    indices = sorted(
-        {
-            int(k[len(hidden_prefix) :].split(".")[0])
-            for k in state_dict
-            if k.startswith(hidden_prefix) and k.endswith(".weight")
-        }
-    )
-    prefixes = [f"{hidden_prefix}{i}." for i in indices] + ([out_prefix] if out_prefix else [])
+    hidden, out = _LAYER_PREFIXES[algo]
+    weight_keys = [k for k in state_dict if k.startswith(hidden) and k.endswith(".weight")]
+    indices = sorted({int(k[len(hidden) :].split(".")[0]) for k in weight_keys})
+    prefixes = [f"{hidden}{i}." for i in indices] + ([out] if out else [])
     weights, biases = [], []
     for prefix in prefixes:
         try:
@@ -194,20 +178,18 @@ def cached_policy(path: str, algo: str) -> NumpyPolicy:
 
 
 class LearnedAgent(ThroughputAgent):
-    """A trained policy's greedy action; ADD on an empty batch. It keeps the throughput agent's
-    step-time model, whose predicted gain the observation includes."""
+    """A trained policy's greedy action (its algorithm: the agent's name); ADD on an empty batch.
+    It keeps the throughput agent's step-time model, whose predicted gain the observation holds."""
 
-    algo: str = ""
     takes_path = True
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        _, _, path = config.agent.partition(":")
-        self.policy = cached_policy(path, self.algo)
+        self.policy = cached_policy(config.agent.partition(":")[2], self.name)
 
     @classmethod
     def validate(cls, path: str) -> None:
-        cached_policy(path, cls.algo)
+        cached_policy(path, cls.name)
 
     def decide(self, state: AgentState) -> Action:
         if state.batch_size == 0:
@@ -217,9 +199,7 @@ class LearnedAgent(ThroughputAgent):
 
 class PPOAgent(LearnedAgent):
     name = "ppo"
-    algo = "ppo"
 
 
 class DQNAgent(LearnedAgent):
     name = "dqn"
-    algo = "dqn"

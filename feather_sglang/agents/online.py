@@ -1,8 +1,10 @@
-"""What the online learners (``ucb``, ``qlearning``) share: state bins and throughput credit
-(``docs/design.md``, "The agents")."""
+"""The online learners, ``ucb`` (the paper's contextual bandit) and ``qlearning``: they share
+state bins and throughput credit (``docs/design.md``, "The agents")."""
 
 from __future__ import annotations
 
+import math
+import random
 from abc import abstractmethod
 
 import numpy as np
@@ -18,6 +20,13 @@ WAITING_BINS = 11
 TABLE_SHAPE = (BATCH_BINS, 2 * LOSS_CLAMP + 1, WAITING_BINS, 2)
 
 CREDIT_STEPS = 16
+# The public code derived from the paper's fork (rewards in GPU tokens/s).
+UCB_C = 200.0
+# The paper publishes no Q-learning; these are ours (docs/design.md, "The agents").
+QL_GAMMA = 0.5
+QL_ALPHA_MIN = 0.05
+QL_EPSILON_MIN = 0.02  # epsilon = 1 / sqrt(1 + visits of the state), floored
+QL_SEED = 0
 
 
 def state_bin(state: AgentState) -> tuple[int, int, int]:
@@ -41,9 +50,7 @@ class OnlineLearner(StopAddAgent):
     def __init__(self, config) -> None:
         super().__init__(config)
         self.pending: list[tuple[tuple[int, int, int], Action]] = []
-        self.window_tokens = 0
-        self.window_seconds = 0.0
-        self.window_steps = 0
+        self.window_tokens, self.window_seconds, self.window_steps = 0, 0.0, 0
         self.credits = 0  # batches credited so far
 
     @abstractmethod
@@ -97,3 +104,65 @@ class OnlineLearner(StopAddAgent):
 
 def new_table() -> np.ndarray:
     return np.zeros(TABLE_SHAPE, dtype=np.float64)
+
+
+class UCBAgent(OnlineLearner):
+    """Per binned state and action: visit count n and mean reward."""
+
+    name = "ucb"
+
+    def __init__(self, config, c: float = UCB_C) -> None:
+        super().__init__(config)
+        self.c = c
+        self.counts, self.means = new_table(), new_table()
+        self.t = 0
+
+    def choose(self, key) -> Action:
+        counts, means = self.counts[key], self.means[key]
+        n_stop, n_add = counts[Action.STOP], counts[Action.ADD]
+        if n_add == 0:
+            return Action.ADD
+        if n_stop == 0:
+            return Action.STOP
+        bonus = self.c * math.sqrt(math.log(self.t + 1))
+        add = means[Action.ADD] + bonus / math.sqrt(n_add)
+        stop = means[Action.STOP] + bonus / math.sqrt(n_stop)
+        return Action.ADD if add >= stop else Action.STOP
+
+    def learn(self, decisions, reward: float) -> None:
+        for key, action in decisions:
+            index = (*key, int(action))
+            self.counts[index] += 1
+            self.t += 1
+            self.means[index] += (reward - self.means[index]) / self.counts[index]
+
+
+class QLearningAgent(OnlineLearner):
+    """Q(s, a) over binned states, epsilon-greedy, ties to ADD."""
+
+    name = "qlearning"
+
+    def __init__(self, config, seed: int = QL_SEED) -> None:
+        super().__init__(config)
+        self.q, self.visits = new_table(), new_table()
+        self.rng = random.Random(seed)
+
+    def choose(self, key) -> Action:
+        q, visits = self.q[key], self.visits[key]
+        epsilon = max(QL_EPSILON_MIN, 1.0 / math.sqrt(1.0 + visits.sum()))
+        if self.rng.random() < epsilon:
+            return Action(self.rng.randrange(2))
+        return Action.ADD if q[Action.ADD] >= q[Action.STOP] else Action.STOP
+
+    def learn(self, decisions, reward: float) -> None:
+        last = len(decisions) - 1
+        for i, (key, action) in enumerate(decisions):
+            index = (*key, int(action))
+            if action is Action.STOP or i == last:
+                target = reward
+            else:
+                next_q = float(np.max(self.q[decisions[i + 1][0]]))
+                target = (1 - QL_GAMMA) * reward + QL_GAMMA * next_q
+            self.visits[index] += 1
+            alpha = max(QL_ALPHA_MIN, 1.0 / self.visits[index])
+            self.q[index] += alpha * (target - self.q[index])

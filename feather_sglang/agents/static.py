@@ -3,47 +3,31 @@
 from __future__ import annotations
 
 from feather_sglang.agents.base import Action, AgentState, StopAddAgent
-from feather_sglang.options import FeatherConfigError, int_at_least, opt
+from feather_sglang.options import FeatherConfigError, int_opt
 
 
 class StaticRuleAgent(StopAddAgent):
-    """Admit while the shared chain shrinks by at most a few chunks, or the batch is below a
-    floor that grows with homogeneous admissions (``docs/design.md``, "The agents")."""
+    """Admit while the shared chain shrinks by a few chunks at most, or the batch is below a floor
+    that grows with homogeneous admissions."""
 
     name = "static"
     options = {
-        "static_max_loss": (
-            int,
-            opt(
-                5,
-                int_at_least(0),
-                "Static rule: largest shared-prefix loss, in chunks, that still admits (>= 0).",
-            ),
+        "static_max_loss": int_opt(
+            5, 0, "Static rule: largest shared-prefix loss, in chunks, that still admits"
         ),
-        "static_max_loss_crowded": (
-            int,
-            opt(
-                7,
-                int_at_least(0),
-                "Static rule: largest loss, in chunks, admitted when many waiting requests share the "
-                "new depth (>= 0).",
-            ),
+        "static_max_loss_crowded": int_opt(
+            7,
+            0,
+            "Static rule: largest loss, in chunks, admitted when many waiting requests share the "
+            "new depth",
         ),
-        "static_crowd_threshold": (
-            int,
-            opt(
-                10,
-                int_at_least(1),
-                "Static rule: waiting requests sharing the new depth that count as 'many' (>= 1).",
-            ),
+        "static_crowd_threshold": int_opt(
+            10, 1, "Static rule: waiting requests sharing the new depth that count as 'many'"
         ),
-        "static_floor_max": (
-            int,
-            opt(
-                10,
-                int_at_least(1),
-                "Static rule: the batch-size floor below which anything is admitted grows up to this (>= 1).",
-            ),
+        "static_floor_max": int_opt(
+            10,
+            1,
+            "Static rule: the batch-size floor below which anything is admitted grows up to this",
         ),
     }
 

@@ -3,6 +3,7 @@ accelerator is present (what and why: ``docs/cpu-runtime.md``)."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -16,27 +17,21 @@ ENV_DISABLE = "FEATHER_CPU_RUNTIME_DISABLE"  # set to 1 to switch the runtime of
 ENV_APPLIED = "FEATHER_CPU_RUNTIME_APPLIED"  # set by apply(), inherited by children
 
 # Flags a CPU server needs in sglang 0.5.23 (docs/cpu-runtime.md).
-RECOMMENDED_SERVER_FLAGS = (
-    "--device",
-    "cpu",
-    "--attention-backend",
-    "torch_native",
-    "--disable-overlap-schedule",
-)
+CPU_SERVER_FLAGS = "--device cpu --attention-backend torch_native --disable-overlap-schedule"
 # CPU features with bf16 arithmetic; without them bf16 is emulated and fp32 is fastest.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+MULTI_RANK_KV_TOKENS = 65536  # KV tokens per rank when several share the host (a few GB)
 
 
 def cpu_flags() -> frozenset[str]:
     """The CPU feature flags of this host (Linux ``/proc/cpuinfo``; empty elsewhere)."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+            line = next((line for line in f if line.startswith("flags")), "flags:")
     except OSError:
-        pass
-    return frozenset()
+        return frozenset()
+    return frozenset(line.split(":", 1)[1].split())
 
 
 def fastest_cpu_dtype() -> str:
@@ -45,9 +40,8 @@ def fastest_cpu_dtype() -> str:
 
 
 def server_defaults(values: dict) -> dict:
-    """The server settings this runtime changes on a GPU-less host, given the current ones
-    (ServerArgs field names -> values). Only settings left at sglang's defaults are changed;
-    returns {field: new value}, empty where a GPU is present or nothing needs changing."""
+    """{ServerArgs field: new value} this runtime sets on a GPU-less host, given the current
+    values; only settings left at sglang's defaults change (empty with an accelerator)."""
     if (
         accelerator_present()
         or os.environ.get(ENV_DISABLE) == "1"
@@ -57,15 +51,13 @@ def server_defaults(values: dict) -> dict:
     changes = {}
     if values.get("device") is None:
         changes["device"] = "cpu"
-    if values.get("attention_backend") is None:
-        changes["attention_backend"] = (
-            "torch_native"  # the x86 default (intel_amx) needs sgl_kernel
-        )
+    if values.get("attention_backend") is None:  # the x86 default (intel_amx) needs sgl_kernel
+        changes["attention_backend"] = "torch_native"
     if not values.get("disable_overlap_schedule"):
         changes["disable_overlap_schedule"] = True  # overlap on: 6.6 tok/s, off: 92 tok/s
     if values.get("dtype") in (None, "auto"):
         changes["dtype"] = fastest_cpu_dtype()
-    ranks = _ranks(values)
+    ranks = math.prod(int(values.get(name) or 1) for name in ("dp_size", "tp_size", "pp_size"))
     if ranks > 1:
         # Split the cores among the ranks and give each a fixed KV pool (docs/cpu-runtime.md).
         if not os.environ.get(THREADS_BIND_ENV):
@@ -78,43 +70,26 @@ def server_defaults(values: dict) -> dict:
     return changes
 
 
-THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
-MULTI_RANK_KV_TOKENS = 65536  # KV tokens per rank when several share the host (a few GB)
-
-
-def _ranks(values: dict) -> int:
-    ranks = 1
-    for name in ("dp_size", "tp_size", "pp_size"):
-        ranks *= int(values.get(name) or 1)
-    return ranks
-
-
 def threads_binding(ranks: int, cores: list[int]) -> str | None:
-    """SGLang's per-rank core binding (``0-3|4-7``): ``cores`` split evenly among ``ranks``,
-    or None when there are fewer cores than ranks."""
+    """SGLang's per-rank core binding (``0-3|4-7``), or None with fewer cores than ranks."""
     if ranks < 2 or len(cores) < ranks:
         return None
     per = len(cores) // ranks
-    groups = [cores[i * per : (i + 1) * per] for i in range(ranks)]
-    return "|".join(_core_list(group) for group in groups)
+    return "|".join(_core_list(cores[i * per : (i + 1) * per]) for i in range(ranks))
 
 
 def _core_list(cores: list[int]) -> str:
-    if len(cores) == 1:
-        return str(cores[0])
-    if cores[-1] - cores[0] == len(cores) - 1:
+    if len(cores) > 1 and cores[-1] - cores[0] == len(cores) - 1:
         return f"{cores[0]}-{cores[-1]}"
-    return ",".join(str(c) for c in cores)
+    return ",".join(map(str, cores))
 
 
 def gpu_present() -> bool:
     """True if an NVIDIA (or ROCm) GPU is visible, without importing torch."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
         return False
-    return any(
-        Path(p).exists()
-        for p in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/kfd", "/proc/driver/nvidia")
-    )
+    nodes = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/kfd", "/proc/driver/nvidia")
+    return any(map(os.path.exists, nodes))
 
 
 # Device nodes of the accelerators SGLang can serve on besides NVIDIA/AMD GPUs: Ascend NPUs,
@@ -142,8 +117,7 @@ def accelerator_present() -> bool:
 
 
 def apply() -> list[str]:
-    """Apply the CPU runtime to this process (cheap: it runs at every Python start-up); returns
-    what was done, one line each."""
+    """Apply the CPU runtime to this process (at every Python start-up); returns what it did."""
     if os.environ.get(ENV_DISABLE) == "1" or accelerator_present():
         return []
     from . import sgl_kernel_standin, torchvision_fix
@@ -169,7 +143,7 @@ def status() -> dict:
         "applied_in_this_process": os.environ.get(ENV_APPLIED) == "1",
         "pth_installed": _pth_path().exists(),
         "SGLANG_USE_CPU_ENGINE": os.environ.get("SGLANG_USE_CPU_ENGINE"),
-        "recommended_server_flags": " ".join(RECOMMENDED_SERVER_FLAGS),
+        "recommended_server_flags": CPU_SERVER_FLAGS,
     }
 
 
@@ -184,10 +158,9 @@ def install_pth() -> str:
     if accelerator_present():
         return "accelerator present: CPU runtime not installed (install sglang normally)"
     path = _pth_path()
-    line = PTH_LINE
-    if path.exists() and path.read_text() == line:
+    if path.exists() and path.read_text() == PTH_LINE:
         return f"CPU runtime already installed: {path}"
-    path.write_text(line)
+    path.write_text(PTH_LINE)
     return f"CPU runtime installed: {path}"
 
 

@@ -14,13 +14,9 @@ def main() -> None:
         description="Install, remove or inspect the CPU runtime that lets stock SGLang run without a GPU.",
     )
     parser.add_argument("command", choices=["install", "uninstall", "status"])
-    args = parser.parse_args()
-    if args.command == "install":
-        print(install_pth())
-    elif args.command == "uninstall":
-        print(uninstall_pth())
-    else:
-        print(json.dumps(status(), indent=2))
+    commands = {"install": install_pth, "uninstall": uninstall_pth}
+    command = parser.parse_args().command
+    print(commands[command]() if command in commands else json.dumps(status(), indent=2))
 
 
 if __name__ == "__main__":

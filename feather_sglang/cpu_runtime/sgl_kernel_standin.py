@@ -29,6 +29,11 @@ class SglKernelStandInError(RuntimeError):
     """Raised when SGLang calls a kernel that only the real ``sgl_kernel`` has."""
 
 
+def _trace_missing(what: str) -> None:
+    if os.environ.get("FEATHER_SGL_KERNEL_TRACE") == "1":
+        print(f"feather sgl_kernel stand-in: missing {what}", file=sys.stderr)
+
+
 def _raising_function(qualname: str):
     def standin(*args, **kwargs):
         raise SglKernelStandInError(
@@ -48,8 +53,8 @@ class _StandInModule(types.ModuleType):
     """``sgl_kernel`` with only :data:`STANDIN_FUNCTIONS`; other names are missing."""
 
     def __getattr__(self, name: str):
-        if os.environ.get("FEATHER_SGL_KERNEL_TRACE") == "1" and not name.startswith("__"):
-            print(f"feather sgl_kernel stand-in: missing name {name!r}", file=sys.stderr)
+        if not name.startswith("__"):
+            _trace_missing(f"name {name!r}")
         raise AttributeError(
             f"module 'sgl_kernel' (feather CPU stand-in) has no attribute {name!r}"
         )
@@ -73,16 +78,11 @@ class SglKernelStandInFinder(importlib.abc.MetaPathFinder):
     so a real, importable ``sgl_kernel`` always wins."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != STANDIN_MODULE:
-            if (
-                fullname.startswith(STANDIN_MODULE + ".")
-                and os.environ.get("FEATHER_SGL_KERNEL_TRACE") == "1"
-            ):
-                print(
-                    f"feather sgl_kernel stand-in: missing submodule {fullname!r}", file=sys.stderr
-                )
-            return None
-        return importlib.machinery.ModuleSpec(fullname, _StandInLoader())
+        if fullname == STANDIN_MODULE:
+            return importlib.machinery.ModuleSpec(fullname, _StandInLoader())
+        if fullname.startswith(STANDIN_MODULE + "."):
+            _trace_missing(f"submodule {fullname!r}")
+        return None
 
 
 def install() -> bool:

@@ -22,23 +22,16 @@ def define_missing_schemas() -> list[str]:
 
     defined = []
     for name, schema in _SCHEMAS.items():
-        if _op_exists(name):
-            continue
+        try:
+            torch._C._dispatch_find_schema_or_throw(f"torchvision::{name}", "")
+            continue  # defined already
+        except RuntimeError:
+            pass
         if _library is None:
             _library = torch.library.Library("torchvision", "FRAGMENT")
         _library.define(schema)
         defined.append(name)
     return defined
-
-
-def _op_exists(name: str) -> bool:
-    import torch
-
-    try:
-        torch._C._dispatch_find_schema_or_throw(f"torchvision::{name}", "")
-        return True
-    except RuntimeError:
-        return False
 
 
 class TorchvisionSchemaFinder(importlib.abc.MetaPathFinder):

@@ -3,6 +3,7 @@ SGLang's own ``HookRegistry`` only (``docs/design.md``, "Where feather sits in S
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.util
 import logging
@@ -15,13 +16,6 @@ from feather_sglang.sglang_integration.names import (
     built_in_version,
 )
 
-__all__ = [
-    "ATTENTION_BACKEND_NAME",
-    "SGLANG_VERSION",
-    "after_import",
-    "built_in_version",
-    "install_hooks",
-]
 logger = logging.getLogger(__name__)
 
 _SCHED = "sglang.srt.managers.scheduler"
@@ -38,7 +32,7 @@ def after_import(module_name: str, patch) -> None:
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Wraps the real loader of one module so ``patch`` runs once the module has executed."""
+    """Finds one module with the other finders, and runs ``patch`` once the module has executed."""
 
     def __init__(self, module_name: str, patch) -> None:
         self.module_name, self.patch = module_name, patch
@@ -50,24 +44,14 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None:
             return spec
-        real_loader, patch = spec.loader, self.patch
+        real_exec, patch = spec.loader.exec_module, self.patch
 
-        class _Loader(importlib.abc.Loader):
-            def create_module(self, spec_):
-                return real_loader.create_module(spec_)
+        def exec_module(module):
+            real_exec(module)
+            patch(module)
 
-            def exec_module(self, module):
-                real_loader.exec_module(module)
-                patch(module)
-
-        spec.loader = _Loader()
+        spec.loader.exec_module = exec_module  # this spec's own loader
         return spec
-
-
-def _register_attention_backend(registry_module) -> None:
-    from feather_sglang.sglang_integration.attention import register
-
-    register(registry_module)
 
 
 def install_hooks() -> None:
@@ -79,13 +63,12 @@ def install_hooks() -> None:
     import sglang
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from feather_sglang.sglang_integration import args, dp_routing, policy
+    from feather_sglang.sglang_integration import args, dp_routing, policy, trace
 
     if getattr(sglang, "__version__", SGLANG_VERSION) != SGLANG_VERSION:
         logger.warning(
             "feather-sglang was written for sglang %s; found %s", SGLANG_VERSION, sglang.__version__
         )
-
     reg = HookRegistry.register
     built_in = built_in_version()
     if built_in is not None:
@@ -93,49 +76,33 @@ def install_hooks() -> None:
         logger.info(
             "feather is built into this sglang (patches/, %s): plugin hooks not installed", built_in
         )
-        _install_trace_hooks(reg, HookType)
-        return
-    reg("sglang.srt.server_args.ServerArgs.add_cli_args", args.add_cli_args_after, HookType.AFTER)
-    reg("sglang.srt.server_args.ServerArgs.from_cli_args", args.from_cli_args_after, HookType.AFTER)
-    after_import("sglang.srt.entrypoints.engine", args.patch_engine)
-    # --attention-backend feather: the choice now, the class where the registry is loaded.
-    from sglang.srt.arg_groups.choices import (
-        ATTENTION_BACKEND_CHOICES,
-        add_attention_backend_choices,
-    )
+    else:
+        reg("sglang.srt.server_args.ServerArgs.add_cli_args", args.add_cli_args_after)
+        reg("sglang.srt.server_args.ServerArgs.from_cli_args", args.from_cli_args_after)
+        after_import("sglang.srt.entrypoints.engine", args.patch_engine)
+        # --attention-backend feather: the choice now, the class where the registry is loaded.
+        from sglang.srt.arg_groups.choices import (
+            ATTENTION_BACKEND_CHOICES,
+            add_attention_backend_choices,
+        )
 
-    if ATTENTION_BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
-        add_attention_backend_choices([ATTENTION_BACKEND_NAME])
-    after_import("sglang.srt.layers.attention.attention_registry", _register_attention_backend)
-    reg(f"{_SCHED}.SchedulePolicy", policy.FeatherSchedulePolicy, HookType.REPLACE)
-    reg(
-        "sglang.srt.managers.data_parallel_controller.DataParallelController.__init__",
-        dp_routing.data_parallel_controller_init_around,
-        HookType.AROUND,
-    )
-    for method, hook, kind in (
-        ("init_schedule_policy", policy.init_schedule_policy_after, HookType.AFTER),
-        ("get_prefill_adder_class", policy.get_prefill_adder_class_around, HookType.AROUND),
-        ("_add_request_to_queue", policy.add_request_to_queue_after, HookType.AFTER),
-        ("_get_new_batch_prefill_raw", policy.get_new_batch_prefill_raw_around, HookType.AROUND),
-        ("run_batch", policy.run_batch_around, HookType.AROUND),
-        ("on_idle", policy.on_idle_after, HookType.AFTER),
-        ("_release_aborted_request", policy.release_aborted_request_after, HookType.AFTER),
-    ):
-        reg(f"{_SCHED}.Scheduler.{method}", hook, kind)
-    _install_trace_hooks(reg, HookType)
-
-
-def _install_trace_hooks(reg, HookType) -> None:
-    """Per-step timing hooks, only when ``FEATHER_BATCH_TRACE`` asks for them."""
-    from feather_sglang.sglang_integration import trace
-
-    if os.environ.get(trace.ENV):
+        if ATTENTION_BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
+            add_attention_backend_choices([ATTENTION_BACKEND_NAME])
+        after_import(
+            "sglang.srt.layers.attention.attention_registry",
+            lambda registry: importlib.import_module(f"{__name__}.attention").register(registry),
+        )
+        reg(f"{_SCHED}.SchedulePolicy", policy.FeatherSchedulePolicy, HookType.REPLACE)
         reg(
-            f"{_SCHED}.Scheduler.get_next_batch_to_run",
-            trace.get_next_batch_to_run_around,
+            "sglang.srt.managers.data_parallel_controller.DataParallelController.__init__",
+            dp_routing.data_parallel_controller_init_around,
             HookType.AROUND,
         )
+        for method, (hook, kind) in policy.SCHEDULER_HOOKS.items():
+            reg(f"{_SCHED}.Scheduler.{method}", hook, HookType[kind])
+    if os.environ.get(trace.ENV):  # per-step timing hooks, for any policy
+        get_next = trace.get_next_batch_to_run_around
+        reg(f"{_SCHED}.Scheduler.get_next_batch_to_run", get_next, HookType.AROUND)
         # feather's backend inherits both from torch_native's: one hook times either
         native = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
         for method in ("forward_decode", "forward_extend"):

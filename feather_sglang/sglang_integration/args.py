@@ -24,12 +24,9 @@ from feather_sglang.sglang_integration.names import (  # noqa: F401 (feather_con
 logger = logging.getLogger(__name__)
 
 
-def _attach(server_args, config: FeatherConfig) -> None:
-    msgspec.Struct.__setattr__(server_args, CONFIG_ATTR, config)
-
-
 def _cpu_defaults(values: dict) -> dict:
-    """Settings the CPU runtime changes on a GPU-less host; logged, as it says what it did."""
+    """The ServerArgs fields the CPU runtime changes on a GPU-less host, given their values now
+    (logged, as it says what it did; an environment variable it sets is set already)."""
     from feather_sglang.cpu_runtime import server_defaults
 
     changes = server_defaults(values)
@@ -39,7 +36,40 @@ def _cpu_defaults(values: dict) -> dict:
             "override, or set FEATHER_CPU_RUNTIME_DISABLE=1",
             ", ".join(f"{k}={v}" for k, v in changes.items()),
         )
-    return changes
+    return {k: v for k, v in changes.items() if k.islower()}
+
+
+def _warn_ignored(options: list[str], setting: str, policy) -> None:
+    if options and policy != POLICY_NAME:
+        logger.warning(
+            "feather options %s are ignored: %s is %r, not 'feather'",
+            ", ".join(options),
+            setting,
+            policy,
+        )
+
+
+def _settle(server_args, config: FeatherConfig) -> list[str]:
+    """What feather refuses to start with; if nothing, CUDA graphs are turned off for feather's
+    backend (it captures none, as SGLang does for torch_native)."""
+    problems = startup_refusals(server_args, check_hooks=True, config=config)
+    if (
+        not problems
+        and getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME
+        and not server_args.disable_cuda_graph
+    ):
+        server_args.disable_cuda_graph = True
+        logger.warning(
+            "CUDA graphs are disabled because of --attention-backend feather (as SGLang does for "
+            "torch_native): feather's backend does not capture graphs"
+        )
+    return problems
+
+
+def _exit_2(problems: list) -> None:
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _argparse_type(name: str, check):
@@ -77,13 +107,12 @@ def add_cli_args_after(result, parser: argparse.ArgumentParser):
     )
     defaults = FeatherConfig()
     for flag, field in FeatherConfig.options():
-        default = getattr(defaults, field.name)
         group.add_argument(
             flag,
             dest="feather_" + field.name,
             default=None,
             type=_argparse_type(field.name, field.metadata["check"]),
-            help=f"{field.metadata['help']} Default: {default}.",
+            help=f"{field.metadata['help']} Default: {getattr(defaults, field.name)}.",
         )
     return result
 
@@ -91,41 +120,19 @@ def add_cli_args_after(result, parser: argparse.ArgumentParser):
 def from_cli_args_after(result, cls, args: argparse.Namespace):
     """AFTER hook on ``ServerArgs.from_cli_args``: validate the flags into a FeatherConfig."""
     values = {k: v for k, v in vars(args).items() if k.startswith("feather_")}
-    given = {k: v for k, v in values.items() if v is not None}
     try:
         config = FeatherConfig.from_prefixed(values)
     except FeatherConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    problems = startup_refusals(result, check_hooks=True, config=config)
+        _exit_2([exc])
+    problems = _settle(result, config)
     if problems:
-        for problem in problems:
-            print(f"error: {problem}", file=sys.stderr)
-        raise SystemExit(2)
-    _cuda_graphs_off_for_feather_backend(result)
-    if given and getattr(result, "schedule_policy", None) != POLICY_NAME:
-        logger.warning(
-            "feather options %s are ignored: --schedule-policy is %r, not 'feather'",
-            ", ".join("--" + k.replace("_", "-") for k in given),
-            result.schedule_policy,
-        )
-    for name, value in _cpu_defaults({k: getattr(result, k) for k in _CPU_FIELDS}).items():
-        if name.islower():  # a ServerArgs field (an environment variable is set already)
-            setattr(result, name, value)
-    _attach(result, config)
+        _exit_2(problems)
+    given = ["--" + k.replace("_", "-") for k, v in values.items() if v is not None]
+    _warn_ignored(given, "--schedule-policy", getattr(result, "schedule_policy", None))
+    for name, value in _cpu_defaults(msgspec.structs.asdict(result)).items():
+        setattr(result, name, value)
+    msgspec.Struct.__setattr__(result, CONFIG_ATTR, config)
     return result
-
-
-_CPU_FIELDS = (
-    "device",
-    "attention_backend",
-    "disable_overlap_schedule",
-    "dtype",
-    "dp_size",
-    "tp_size",
-    "pp_size",
-    "max_total_tokens",
-)
 
 
 def startup_refusals(
@@ -136,7 +143,7 @@ def startup_refusals(
     if getattr(server_args, "schedule_policy", None) == POLICY_NAME:
         config = config or feather_config_of(server_args)
         problems += refusals.policy_refusals(server_args, config.agent)
-        if check_hooks and not _built_in():
+        if check_hooks and built_in_version() is None:
             missing = refusals.missing_hooks()
             if missing:
                 problems.append(
@@ -154,27 +161,6 @@ def startup_refusals(
     return problems
 
 
-def _built_in() -> bool:
-    """This sglang was patched with patches/ (feather is in its source, no hooks to check)."""
-    try:
-        return built_in_version() is not None
-    except ImportError:
-        return False
-
-
-def _cuda_graphs_off_for_feather_backend(server_args) -> None:
-    """Feather's backend has no CUDA-graph capture: turn graphs off, as SGLang does for torch_native."""
-    if (
-        getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME
-        and not server_args.disable_cuda_graph
-    ):
-        server_args.disable_cuda_graph = True
-        logger.warning(
-            "CUDA graphs are disabled because of --attention-backend feather (as SGLang does for "
-            "torch_native): feather's backend does not capture graphs"
-        )
-
-
 def make_engine_server_args_factory(server_args_class):
     """``Engine.server_args_class`` replacement accepting ``feather_*=`` keyword arguments (why
     this seam: ``docs/design.md``, "Where feather sits in SGLang")."""
@@ -182,20 +168,15 @@ def make_engine_server_args_factory(server_args_class):
     def build(**kwargs):
         feather_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("feather_")}
         config = FeatherConfig.from_prefixed(feather_kwargs)  # FeatherConfigError: clear message
-        if feather_kwargs and kwargs.get("schedule_policy") != POLICY_NAME:
-            logger.warning(
-                "feather options %s are ignored: schedule_policy is %r, not 'feather'",
-                ", ".join(feather_kwargs),
-                kwargs.get("schedule_policy", "fcfs"),
-            )
-        changes = _cpu_defaults({k: kwargs.get(k) for k in _CPU_FIELDS})
-        kwargs.update({k: v for k, v in changes.items() if k.islower()})
+        _warn_ignored(
+            list(feather_kwargs), "schedule_policy", kwargs.get("schedule_policy", "fcfs")
+        )
+        kwargs.update(_cpu_defaults(kwargs))
         server_args = server_args_class(**kwargs)
-        problems = startup_refusals(server_args, check_hooks=True, config=config)
+        problems = _settle(server_args, config)
         if problems:
             raise FeatherConfigError("; ".join(problems))
-        _cuda_graphs_off_for_feather_backend(server_args)
-        _attach(server_args, config)
+        msgspec.Struct.__setattr__(server_args, CONFIG_ATTR, config)
         return server_args
 
     build.__feather__ = True

@@ -1,7 +1,5 @@
-"""``--attention-backend feather``: torch_native with prefix-shared decode and extend attention.
-
-How it works: ``docs/attention-backend.md``.
-"""
+"""``--attention-backend feather``: torch_native with prefix-shared decode and extend attention
+(how it works: ``docs/attention-backend.md``)."""
 
 from __future__ import annotations
 
@@ -10,13 +8,7 @@ import logging
 import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-from feather_kernels.dispatch import (
-    decode_impl,
-    plan_decode_batch,
-    plan_extend_batch,
-    run_decode,
-    run_extend,
-)
+from feather_kernels import dispatch
 from feather_sglang.sglang_integration.faults import FaultLog
 
 logger = logging.getLogger(__name__)
@@ -26,24 +18,31 @@ BACKEND_NAME = "feather"
 class FeatherAttnBackend(TorchNativeAttnBackend):
     def __init__(self, model_runner) -> None:
         super().__init__(model_runner)
-        self._decode_plan = None
-        self._extend_plan = None
+        self._decode_plan = self._extend_plan = None
         # A fault in the prefix-shared paths turns them off for good (torch_native's code serves).
         self.faults = FaultLog("feather attention backend")
         self.fallen_back = False
-        device = torch.device(self.device)  # set by TorchNativeAttnBackend
         logger.info(
             "feather attention backend: prefix-shared decode and extend (%s path)",
-            decode_impl(device),
+            dispatch.decode_impl(torch.device(self.device)),  # set by TorchNativeAttnBackend
         )
 
     def init_forward_metadata(self, forward_batch) -> None:
         super().init_forward_metadata(forward_batch)
         self._decode_plan = self._extend_plan = None
-        if forward_batch.encoder_lens is not None or self.fallen_back:
+        batch = forward_batch
+        if batch.encoder_lens is not None or self.fallen_back:
             return
-        try:
-            self._plan(forward_batch)
+        try:  # each plan is None when nothing is shared: torch_native's per-request path
+            table = self.req_to_token_pool.req_to_token
+            if batch.forward_mode.is_extend() and batch.extend_prefix_lens is not None:
+                self._extend_plan = dispatch.plan_extend_batch(
+                    table, batch.req_pool_indices, batch.extend_prefix_lens, batch.extend_seq_lens
+                )
+            elif batch.forward_mode.is_decode():
+                self._decode_plan = dispatch.plan_decode_batch(
+                    table, batch.req_pool_indices, batch.seq_lens
+                )
         except Exception as exc:  # noqa: BLE001 - torch_native serves instead
             self._fall_back(exc)
 
@@ -51,22 +50,6 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         self._decode_plan = self._extend_plan = None
         self.fallen_back = True
         self.faults.record("backend", exc, "torch_native's attention serves from now on")
-
-    def _plan(self, forward_batch) -> None:
-        # Each plan is None when nothing is shared: torch_native's per-request path.
-        if forward_batch.forward_mode.is_extend() and forward_batch.extend_prefix_lens is not None:
-            self._extend_plan = plan_extend_batch(
-                self.req_to_token_pool.req_to_token,
-                forward_batch.req_pool_indices,
-                forward_batch.extend_prefix_lens,
-                forward_batch.extend_seq_lens,
-            )
-        elif forward_batch.forward_mode.is_decode():
-            self._decode_plan = plan_decode_batch(
-                self.req_to_token_pool.req_to_token,
-                forward_batch.req_pool_indices,
-                forward_batch.seq_lens,
-            )
 
     def _run_sdpa_forward_decode(
         self,
@@ -87,7 +70,7 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         shared = encoder_lens is None and not is_cross_attn and sliding_window_size is None
         return self._attend(
             self._decode_plan if shared else None,
-            run_decode,
+            dispatch.run_decode,
             super()._run_sdpa_forward_decode,
             (query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens),
             encoder_lens,
@@ -122,7 +105,7 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         args = query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens
         return self._attend(
             self._extend_plan if shared else None,
-            run_extend,
+            dispatch.run_extend,
             super()._run_sdpa_forward_extend,
             (*args, extend_prefix_lens, extend_seq_lens),
             encoder_lens,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 from feather_sglang.chunk_hash import chunk_hashes
 from feather_sglang.sglang_integration.names import POLICY_NAME, PREFIX_GROUP, feather_config_of
@@ -35,14 +36,10 @@ class PrefixGroupRouter:
         """The worker for a prompt, given each worker's load and the active workers."""
         chunk = self.chunk_size
         keys = chunk_hashes(token_ids[: MAX_CHUNKS * chunk], chunk)
-        homes, depth = None, 0
-        for key in keys:  # every prefix of an owned prefix is owned: stop at the first miss
-            found = self.homes.get(key)
-            if found is None:
-                break
-            homes, depth = found, depth + 1
-        least = min(active, key=lambda w: loads[w])
-        chosen = least
+        # Every prefix of an owned prefix is owned: the depth is the first miss.
+        depth = next((i for i, key in enumerate(keys) if key not in self.homes), len(keys))
+        homes = self.homes[keys[depth - 1]] if depth else None
+        chosen = least = min(active, key=lambda w: loads[w])
         if homes is not None and min(depth * chunk, len(token_ids)) >= MIN_SHARE * len(token_ids):
             bound = (1 + BALANCE_REL_SLACK) * (sum(loads[w] for w in active) + 1) / len(active)
             bound += BALANCE_ABS
@@ -90,15 +87,15 @@ def _dispatch(controller, router: PrefixGroupRouter, req) -> None:
 
 
 def data_parallel_controller_init_around(original, controller, server_args, *args, **kwargs):
-    """AROUND hook on ``DataParallelController.__init__``: prefix-group dispatch, and a watchdog
-    over feather workers."""
+    """AROUND ``DataParallelController.__init__``: prefix-group dispatch, a worker watchdog."""
     from sglang.srt.runtime_context import get_parallel
 
     parallel = get_parallel()
     routed = parallel.load_balance_method == PREFIX_GROUP
+    # Built with SGLang's total_requests method, whose loads feather's router reads.
+    with parallel.override(load_balance_method="total_requests") if routed else nullcontext():
+        result = original(controller, server_args, *args, **kwargs)
     if routed:
-        with parallel.override(load_balance_method="total_requests"):
-            result = original(controller, server_args, *args, **kwargs)
         router = PrefixGroupRouter(feather_config_of(server_args).chunk_size)
         controller.feather_router = router
         controller.dispatching = lambda req: _dispatch(controller, router, req)
@@ -106,19 +103,12 @@ def data_parallel_controller_init_around(original, controller, server_args, *arg
             "feather: data-parallel requests are routed by prefix group (%d workers)",
             len(controller.workers),
         )
-    else:
-        result = original(controller, server_args, *args, **kwargs)
-    if routed or getattr(server_args, "schedule_policy", None) == POLICY_NAME:
-        _watch_workers(controller)
-    return result
-
-
-def _watch_workers(controller) -> None:
-    from sglang.srt.utils.watchdog import SubprocessWatchdog
-
     procs = [p for p in getattr(controller, "scheduler_procs", []) if p is not None]
-    if procs:
+    if procs and (routed or getattr(server_args, "schedule_policy", None) == POLICY_NAME):
+        from sglang.srt.utils.watchdog import SubprocessWatchdog
+
         controller.feather_watchdog = SubprocessWatchdog(
             processes=procs, process_names=[f"scheduler_DP{i}" for i in range(len(procs))]
         )
         controller.feather_watchdog.start()
+    return result

@@ -72,26 +72,9 @@ class FaultLog:
     def record(self, seam: str, exc: BaseException, then: str) -> None:
         self.counts[seam] += 1
         n = self.counts[seam]
-        if n == 1:
-            logger.error(
-                "%s: fault in %s (%s: %s); %s",
-                self.where,
-                seam,
-                type(exc).__name__,
-                exc,
-                then,
-                exc_info=exc,
-            )
-        else:
-            logger.error(
-                "%s: fault in %s again (%d so far; %s: %s); %s",
-                self.where,
-                seam,
-                n,
-                type(exc).__name__,
-                exc,
-                then,
-            )
+        again = f" again ({n} so far; " if n > 1 else " ("
+        message = f"{self.where}: fault in {seam}{again}{type(exc).__name__}: {exc}); {then}"
+        logger.error("%s", message, exc_info=exc if n == 1 else None)
 
     @property
     def total(self) -> int:

@@ -19,6 +19,8 @@ def feather_config_of(server_args) -> FeatherConfig:
 
 def built_in_version():
     """The sglang version ``patches/`` was written for, if this sglang was patched; else None."""
-    from sglang.srt import plugins
-
+    try:
+        from sglang.srt import plugins
+    except ImportError:
+        return None
     return getattr(plugins, "FEATHER_BUILT_IN", None)

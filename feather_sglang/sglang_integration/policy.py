@@ -1,20 +1,17 @@
-"""``feather`` inside SGLang's scheduler: the policy, the prefill adder and the scheduler hooks.
-
-The seams and how feather follows SGLang's queue: ``docs/design.md``, "Where feather sits".
-"""
+"""``feather`` inside SGLang's scheduler: the policy, the prefill adder and the scheduler hooks
+(the seams, and how feather follows SGLang's queue: ``docs/design.md``, "Where feather sits")."""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, SchedulePolicy
 from sglang.srt.mem_cache.common import match_kv_cache
 
 from feather_sglang.agents import ServerShape
-from feather_sglang.cht import RequestState
 from feather_sglang.planner import AdmissionPlanner, SharedClock
 from feather_sglang.sglang_integration import trace
 from feather_sglang.sglang_integration.faults import FaultLog
@@ -38,7 +35,7 @@ class FeatherSchedulePolicy(SchedulePolicy):
     """SGLang's SchedulePolicy, plus the ``feather`` policy."""
 
     def __init__(self, policy: str, tree_cache, *args, **kwargs):
-        self.feather: Optional[FeatherState] = None
+        self.feather: FeatherState | None = None
         if policy != POLICY_NAME:
             super().__init__(policy, tree_cache, *args, **kwargs)
             return
@@ -46,12 +43,7 @@ class FeatherSchedulePolicy(SchedulePolicy):
         super().__init__("fcfs", tree_cache, *args, **kwargs)
         self.feather = FeatherState(tree_cache)
 
-    def calc_priority(
-        self,
-        waiting_queue: list["Req"],
-        running_batch: Optional["ScheduleBatch"] = None,
-        processed_tokens: int = 0,
-    ) -> None:
+    def calc_priority(self, waiting_queue, running_batch=None, processed_tokens: int = 0) -> None:
         feather = self.feather
         if (
             feather is None
@@ -69,29 +61,27 @@ class FeatherState:
     def __init__(self, tree_cache) -> None:
         self.tree_cache = tree_cache
         self.scheduler = None
-        self.planner: Optional[AdmissionPlanner] = None
-        self.reqs: dict = {}  # rid -> Req for requests the planner tracks
-        self.rank_clock: Optional[SharedClock] = None  # tensor parallelism: rank 0's clock
-        self.plan_rids: frozenset = frozenset()
-        # rid -> index + _slot_base in SGLang's waiting queue (docs/design.md, "queue slots").
-        self._slot: dict = {}
-        self._slot_base = 0
-        self._shift = 0
-        self.reindexes = 0
-        self._synced_running: Optional[list] = None  # running rids as of the last sync
-        self.resyncs = 0
-        self.passes = 0
+        self.planner: AdmissionPlanner | None = None
+        self.rank_clock: SharedClock | None = None  # tensor parallelism: rank 0's clock
+        self._reset()
+        # Counters; ``adopted``: requests queued without the enqueue hook, found at the tail.
+        self.passes = self.steps = self.resyncs = self.reindexes = 0
+        self.rebuilds = self.reused_rids = self.adopted = 0
         self.sched_seconds = 0.0  # time in feather's calc_priority (sync + plan + reorder)
-        self.steps = 0
         self.busy_seconds = 0.0  # scheduler loop time between consecutive forward steps
-        self._last_step_start: Optional[float] = None
+        self._last_step_start: float | None = None
         self.faults = FaultLog("feather")
         self.stood_down = False  # after a fault that a rebuild could not mend: fcfs for good
         self._dirty = False  # a hook failed: rebuild from SGLang's queue and batch next pass
-        self.rebuilds = 0
-        self.reused_rids = 0
         self._idle_logged = True  # the idle line is logged once per busy period
-        self.adopted = 0  # requests queued without the enqueue hook, found at the queue's tail
+
+    def _reset(self) -> None:
+        self.reqs: dict = {}  # rid -> Req for requests the planner tracks
+        self.plan_rids: frozenset = frozenset()
+        # rid -> index + _slot_base in SGLang's waiting queue (docs/design.md, "queue slots").
+        self._slot: dict = {}
+        self._slot_base = self._shift = 0
+        self._synced_running: list | None = None  # running rids as of the last sync
 
     def attach(self, scheduler) -> None:
         config = feather_config_of(scheduler.server_args)
@@ -135,11 +125,8 @@ class FeatherState:
                 seam, exc, "feather's state will be rebuilt from the scheduler's queue and batch"
             )
 
-    def safe_order(
-        self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]
-    ) -> bool:
-        """:meth:`order`, rebuilding feather's state after a fault; False once feather has stood
-        down (the caller runs fcfs)."""
+    def safe_order(self, waiting_queue: list[Req], running_batch: ScheduleBatch | None) -> bool:
+        """:meth:`order`, rebuilding after a fault; False once feather stood down (fcfs runs)."""
         try:
             if self._dirty:
                 self.rebuild(waiting_queue, running_batch)
@@ -159,14 +146,13 @@ class FeatherState:
             self.stand_down()
             return False
 
-    def rebuild(self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]) -> None:
+    def rebuild(self, waiting_queue: list[Req], running_batch: ScheduleBatch | None) -> None:
         """Feather's state anew from SGLang's queue and batch (the agent is kept)."""
         self.faults.check("rebuild")
         agent = self.planner.agent
         self.planner = AdmissionPlanner(self.planner.config, clock=self.planner.clock)
         self.planner.agent = agent
-        self.reqs, self.plan_rids = {}, frozenset()
-        self._slot, self._slot_base, self._shift, self._synced_running = {}, 0, 0, None
+        self._reset()
         running = self._running_reqs(running_batch)
         self._sync_running(running)
         for i, req in enumerate(waiting_queue):
@@ -182,8 +168,7 @@ class FeatherState:
 
     def stand_down(self) -> None:
         self.stood_down = True
-        self.plan_rids = frozenset()
-        self.reqs, self._slot = {}, {}
+        self._reset()
         logger.error(
             "feather stands down after %d fault(s) %s: the scheduler runs fcfs for the rest of this "
             "server's life; restart the server to schedule with feather again",
@@ -192,9 +177,8 @@ class FeatherState:
         )
 
     # ---- events from the scheduler -------------------------------------------------------
-    def on_enqueue(self, req: "Req", queue_index: Optional[int] = None) -> None:
-        """``req`` entered the waiting queue (at ``queue_index``, if known); a reused rid is a new
-        request."""
+    def on_enqueue(self, req: Req, queue_index: int | None = None) -> None:
+        """``req`` entered the waiting queue (at ``queue_index``); a reused rid is a new request."""
         known = self.reqs.get(req.rid)
         if known is not None and known is not req:
             self.planner.forget(req.rid)
@@ -205,14 +189,14 @@ class FeatherState:
             self._slot[req.rid] = queue_index + self._slot_base
         self.planner.on_enqueue(req.rid, req.origin_input_ids)
 
-    def on_removed(self, req: "Req") -> None:
+    def on_removed(self, req: Req) -> None:
         """SGLang released an aborted request: if it was waiting, forget it now."""
         if self.reqs.get(req.rid) is req and self.planner.is_waiting(req.rid):
             self.planner.forget(req.rid)
             self._forget(req.rid)
             self._shift += 1
 
-    def on_pass_end(self, new_batch: Optional["ScheduleBatch"]) -> None:
+    def on_pass_end(self, new_batch: ScheduleBatch | None) -> None:
         admitted = [r.rid for r in new_batch.reqs] if new_batch is not None else []
         self.planner.end_pass(admitted)
         # SGLang removed the admitted from the queue; the plan was at its front, in order.
@@ -228,30 +212,26 @@ class FeatherState:
         self._slot.pop(rid, None)
 
     # ---- one pass ------------------------------------------------------------------------
-    def order(self, waiting_queue: list["Req"], running_batch: Optional["ScheduleBatch"]) -> None:
+    def order(self, waiting_queue: list[Req], running_batch: ScheduleBatch | None) -> None:
         start = time.perf_counter()
         if self.rank_clock is not None:
             self.rank_clock.tick()
         planner, scheduler, reqs = self.planner, self.scheduler, self.reqs
         if running_batch is None:
-            running = {rid: reqs[rid] for rid in planner.cht.running_ids() if rid in reqs}
+            self._sync_running({r: reqs[r] for r in planner.cht.running_ids() if r in reqs})
             self._synced_running = None
         else:
-            running = None
-            running_rids = [r.rid for r in running_batch.reqs]
-            chunked = scheduler.chunked_req
-            if chunked is not None:
-                running_rids.append(chunked.rid)
+            rids = [r.rid for r in running_batch.reqs]
+            if scheduler.chunked_req is not None:
+                rids.append(scheduler.chunked_req.rid)
             # Often the batch the last pass synced: nothing to sync then.
             if (
-                running_rids != self._synced_running
+                rids != self._synced_running
                 or planner.has_pending
-                or len(running_rids) != planner.cht.num_running
+                or len(rids) != planner.cht.num_running
             ):
-                running = self._running_reqs(running_batch)
-                self._synced_running = running_rids
-        if running is not None:
-            self._sync_running(running)
+                self._sync_running(self._running_reqs(running_batch))
+                self._synced_running = rids
         if waiting_queue and not self._known_waiting(waiting_queue[-1]):
             self._adopt_tail(waiting_queue)
         if len(waiting_queue) != planner.num_waiting:
@@ -281,7 +261,7 @@ class FeatherState:
         self.sched_seconds += time.perf_counter() - start
         self.passes += 1
 
-    def _running_reqs(self, running_batch: Optional["ScheduleBatch"]) -> dict:
+    def _running_reqs(self, running_batch: ScheduleBatch | None) -> dict:
         """rid -> Req of the running batch plus the chunked request."""
         running = {} if running_batch is None else {r.rid: r for r in running_batch.reqs}
         chunked = getattr(self.scheduler, "chunked_req", None)
@@ -298,12 +278,11 @@ class FeatherState:
         ):
             self._forget(rid)
 
-    def _known_waiting(self, req: "Req") -> bool:
+    def _known_waiting(self, req: Req) -> bool:
         return self.reqs.get(req.rid) is req and self.planner.is_waiting(req.rid)
 
-    def _adopt_tail(self, queue: list["Req"], end: Optional[int] = None) -> None:
-        """Take in the run of requests at the end of ``queue[:end]`` that were appended without the
-        enqueue hook (``waiting_queue.extend``), at O(their number)."""
+    def _adopt_tail(self, queue: list[Req], end: int | None = None) -> None:
+        """Take in the requests at the end of ``queue[:end]`` appended without the enqueue hook."""
         end = len(queue) if end is None else end
         start = end
         while start > 0 and not self._known_waiting(queue[start - 1]):
@@ -312,23 +291,19 @@ class FeatherState:
             self.on_enqueue(queue[i], i)
         self.adopted += end - start
 
-    def on_enqueue_hooked(self, queue: list["Req"], req: "Req") -> None:
+    def on_enqueue_hooked(self, queue: list[Req], req: Req) -> None:
         """The enqueue hook: ``req`` was appended to ``queue`` (earlier unhooked ones adopted)."""
         last = len(queue) - 1
         if last > 0 and not self._known_waiting(queue[last - 1]):
             self._adopt_tail(queue, last)
         self.on_enqueue(req, last)
 
-    def check_invariants(
-        self, queue: list["Req"], running_batch: Optional["ScheduleBatch"]
-    ) -> None:
+    def check_invariants(self, queue: list[Req], running_batch: ScheduleBatch | None) -> None:
         """``FEATHER_CHECK_INVARIANTS=1``: the queue is the CHT's waiting set plus the plan, the
         batch plus the plan its running set (``docs/reliability.md``)."""
         cht, planned = self.planner.cht, set(self.plan_rids)
         queued = {r.rid for r in queue}
-        waiting = {
-            rid for rid in self.reqs if rid in cht and cht.state(rid) is RequestState.WAITING
-        }
+        waiting = {rid for rid in self.reqs if self.planner.is_waiting(rid)}
         if queued - planned != waiting or len(waiting) != cht.num_waiting or not planned <= queued:
             raise AssertionError(
                 f"feather invariant: the queue holds {len(queued)} rids ({len(planned)} planned), "
@@ -343,7 +318,7 @@ class FeatherState:
                     f"running {sorted(cht.running_ids())[:5]}"
                 )
 
-    def _move_to_front(self, queue: list["Req"], planned: list["Req"]) -> None:
+    def _move_to_front(self, queue: list[Req], planned: list[Req]) -> None:
         """Put ``planned`` at the front of ``queue``, in order, by swaps: O(len(planned))."""
         slot = self._slot
         if self._shift > MAX_SHIFT_SEARCH:
@@ -365,9 +340,8 @@ class FeatherState:
                 slot[displaced.rid] = j + self._slot_base
             slot[req.rid] = i + self._slot_base
 
-    def _search(self, queue: list["Req"], req: "Req", j: int) -> int:
-        """Where ``req``, recorded at index ``j``, sits after the aborts' pops: within ``_shift``
-        places before ``j`` (O(_shift)), else -1."""
+    def _search(self, queue: list[Req], req: Req, j: int) -> int:
+        """Where ``req``, recorded at ``j``, sits after aborts' pops, else -1."""
         if j < 0 or not self._shift:
             return -1
         try:
@@ -375,15 +349,14 @@ class FeatherState:
         except ValueError:
             return -1
 
-    def _reindex(self, queue: list["Req"]) -> None:
+    def _reindex(self, queue: list[Req]) -> None:
         """Rebuild every waiting request's slot: O(W)."""
         self.reindexes += 1
-        self._shift = 0
-        self._slot_base = 0
+        self._shift = self._slot_base = 0
         self._slot.clear()
         self._slot.update({r.rid: i for i, r in enumerate(queue)})
 
-    def _kv_free_tokens(self) -> Optional[int]:
+    def _kv_free_tokens(self) -> int | None:
         """KV cache tokens free or evictable now; None if the scheduler does not expose them."""
         try:
             free = self.scheduler.token_to_kv_pool_allocator.available_size()
@@ -412,21 +385,18 @@ class FeatherState:
     def on_idle(self) -> None:
         """No batch this loop: once nothing runs, finished requests are forgotten now."""
         self._last_step_start = None
-        scheduler = self.scheduler
+        scheduler, planner = self.scheduler, self.planner
+        nothing_runs = not scheduler.running_batch.reqs
         if (
-            self.planner.cht.num_running
-            and not scheduler.running_batch.reqs
+            nothing_runs
+            and planner.cht.num_running
             and getattr(scheduler, "chunked_req", None) is None
-            and not self.planner.has_pending
+            and not planner.has_pending
         ):
-            for rid in self.planner.sync_running({}):
+            for rid in planner.sync_running({}):
                 self._forget(rid)
             self._synced_running = []
-        if (
-            not self._idle_logged
-            and not scheduler.running_batch.reqs
-            and not scheduler.waiting_queue
-        ):
+        if nothing_runs and not self._idle_logged and not scheduler.waiting_queue:
             self._idle_logged = True
             logger.info(
                 "feather: idle, tracking %d requests, %d CHT nodes (faults %d, rebuilds %d)",
@@ -445,21 +415,12 @@ class FeatherState:
             return
         share = f"{100 * seconds / busy:.3f}% of step time" if busy > 0 else "n/a of step time"
         logger.info(
-            "feather: sched_time=%.3f ms/pass (%s) passes=%d admitted=%d rolled_back=%d "
-            "starved=%d stops=%s waiting=%d running=%d resyncs=%d reindexes=%d faults=%d rebuilds=%d",
-            1e3 * seconds / passes,
-            share,
-            passes,
-            s.admitted,
-            s.rolled_back,
-            s.starved,
-            s.stops,
-            self.planner.num_waiting,
-            self.planner.cht.num_running,
-            self.resyncs,
-            self.reindexes,
-            self.faults.total,
-            self.rebuilds,
+            "%s",
+            f"feather: sched_time={1e3 * seconds / passes:.3f} ms/pass ({share}) passes={passes} "
+            f"admitted={s.admitted} rolled_back={s.rolled_back} starved={s.starved} "
+            f"stops={s.stops} waiting={self.planner.num_waiting} "
+            f"running={self.planner.cht.num_running} resyncs={self.resyncs} "
+            f"reindexes={self.reindexes} faults={self.faults.total} rebuilds={self.rebuilds}",
         )
         learned = self.planner.agent.describe()
         if learned:
@@ -478,12 +439,11 @@ def make_prefill_adder_class(state: FeatherState) -> type[PrefillAdder]:
     return FeatherPrefillAdder
 
 
-def _feather_state(scheduler) -> Optional[FeatherState]:
-    policy = getattr(scheduler, "policy", None)
-    return getattr(policy, "feather", None)
+def _feather_state(scheduler) -> FeatherState | None:
+    return getattr(getattr(scheduler, "policy", None), "feather", None)
 
 
-# ---- scheduler hooks (registered in feather_sglang.sglang_integration.install_hooks) ------
+# ---- scheduler hooks (registered by install_hooks from SCHEDULER_HOOKS) ------------------------
 def init_schedule_policy_after(result, scheduler, *args, **kwargs):
     state = _feather_state(scheduler)
     if state is not None:
@@ -548,3 +508,15 @@ def get_new_batch_prefill_raw_around(original, scheduler, *args, **kwargs):
     if state is not None:
         state.guarded("pass_end", state.on_pass_end, result[0])
     return result
+
+
+# Scheduler method -> (its hook, the HookType's name): the seams the feather policy needs.
+SCHEDULER_HOOKS = {
+    "init_schedule_policy": (init_schedule_policy_after, "AFTER"),
+    "get_prefill_adder_class": (get_prefill_adder_class_around, "AROUND"),
+    "_add_request_to_queue": (add_request_to_queue_after, "AFTER"),
+    "_get_new_batch_prefill_raw": (get_new_batch_prefill_raw_around, "AROUND"),
+    "run_batch": (run_batch_around, "AROUND"),
+    "on_idle": (on_idle_after, "AFTER"),
+    "_release_aborted_request": (release_aborted_request_after, "AFTER"),
+}

@@ -3,27 +3,16 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
-
-POLICY_TARGETS = (  # the scheduler seams the feather policy needs (see install_hooks)
-    "sglang.srt.managers.scheduler.Scheduler.init_schedule_policy",
-    "sglang.srt.managers.scheduler.Scheduler.get_prefill_adder_class",
-    "sglang.srt.managers.scheduler.Scheduler._add_request_to_queue",
-    "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
-    "sglang.srt.managers.scheduler.Scheduler.run_batch",
-    "sglang.srt.managers.scheduler.Scheduler.on_idle",
-    "sglang.srt.managers.scheduler.Scheduler._release_aborted_request",
-)
-
 
 # Agents that use no step times: the ones every tensor-parallel rank is sure to take alike.
 RANK_SAFE_AGENTS = ("admit", "static")
 
 
 def policy_refusals(server_args, agent: str | None = None) -> list[str]:
-    """Why ``--schedule-policy feather`` cannot run with these arguments and ``agent``
-    (``--feather-agent``) (empty: it can)."""
+    """Why ``--schedule-policy feather`` cannot run with these arguments and ``agent``."""
     out = []
     tp = getattr(server_args, "tp_size", 1) or 1
     if tp > 1 and agent is not None and agent.split(":")[0] not in RANK_SAFE_AGENTS:
@@ -101,27 +90,22 @@ def model_refusals(hf_config: dict | None) -> list[str]:
 
 def local_hf_config(model_path: str | None) -> dict | None:
     """The model's config.json when ``model_path`` is a local directory; None otherwise."""
-    if not model_path:
-        return None
-    path = Path(model_path) / "config.json"
     try:
-        return json.loads(path.read_text())
+        return json.loads((Path(model_path) / "config.json").read_text()) if model_path else None
     except (OSError, ValueError):
         return None
 
 
 def missing_hooks() -> list[str]:
     """The scheduler seams whose hooks SGLang's HookRegistry did not apply (it only logs that)."""
-    import importlib
+    from feather_sglang.sglang_integration.policy import SCHEDULER_HOOKS, FeatherSchedulePolicy
 
-    from feather_sglang.sglang_integration.policy import FeatherSchedulePolicy
-
-    missing = []
-    scheduler = importlib.import_module("sglang.srt.managers.scheduler")
-    if scheduler.SchedulePolicy is not FeatherSchedulePolicy:
-        missing.append("sglang.srt.managers.scheduler.SchedulePolicy")
-    for target in POLICY_TARGETS:
-        method = getattr(scheduler.Scheduler, target.rsplit(".", 1)[1], None)
-        if method is None or not hasattr(method, "__wrapped__"):
-            missing.append(target)
+    module = "sglang.srt.managers.scheduler"
+    scheduler = importlib.import_module(module)
+    missing = (
+        [] if scheduler.SchedulePolicy is FeatherSchedulePolicy else [f"{module}.SchedulePolicy"]
+    )
+    for method in SCHEDULER_HOOKS:
+        if not hasattr(getattr(scheduler.Scheduler, method, None), "__wrapped__"):
+            missing.append(f"{module}.Scheduler.{method}")
     return missing

@@ -13,17 +13,9 @@ logger = logging.getLogger(__name__)
 
 
 def common_prefix_len(prompts) -> int:
-    if not prompts:
-        return 0
-    first = prompts[0]
-    depth = min(len(p) for p in prompts)
+    depth = min(map(len, prompts), default=0)
     for other in prompts[1:]:
-        i = 0
-        while i < depth and other[i] == first[i]:
-            i += 1
-        depth = i
-        if depth == 0:
-            break
+        depth = next((i for i in range(depth) if other[i] != prompts[0][i]), depth)
     return depth
 
 
@@ -40,22 +32,17 @@ class BatchTracer:
         kind = "decode" if mode.is_decode() else "extend" if mode.is_extend() else None
         if kind is None:
             return
-        prompts = [r.origin_input_ids for r in batch.reqs]
-        self._file.write(
-            json.dumps(
-                {
-                    "t": time.monotonic(),
-                    "mode": kind,
-                    "rids": [r.rid for r in batch.reqs],
-                    "prefix_tokens": common_prefix_len(prompts),
-                    "extend_tokens": int(batch.extend_num_tokens or 0) if kind == "extend" else 0,
-                    "sched_s": round(self.sched_s, 7),
-                    "step_s": round(step_s, 7),
-                    "attn_s": round(self.attn_s, 7),
-                }
-            )
-            + "\n"
-        )
+        line = {
+            "t": time.monotonic(),
+            "mode": kind,
+            "rids": [r.rid for r in batch.reqs],
+            "prefix_tokens": common_prefix_len([r.origin_input_ids for r in batch.reqs]),
+            "extend_tokens": int(batch.extend_num_tokens or 0) if kind == "extend" else 0,
+            "sched_s": round(self.sched_s, 7),
+            "step_s": round(step_s, 7),
+            "attn_s": round(self.attn_s, 7),
+        }
+        self._file.write(json.dumps(line) + "\n")
         self.sched_s = self.attn_s = 0.0
 
 
@@ -97,7 +84,7 @@ def tracer() -> BatchTracer | None:
     return _tracer
 
 
-def _adds_elapsed_to(field: str, doc: str):
+def _adds_elapsed_to(field: str):
     """An AROUND hook that adds the wrapped call's wall time to the tracer's ``field``."""
 
     def around(original, obj, *args, **kwargs):
@@ -108,16 +95,11 @@ def _adds_elapsed_to(field: str, doc: str):
             setattr(t, field, getattr(t, field) + time.perf_counter() - started)
         return result
 
-    around.__doc__ = doc
     return around
 
 
-# Passes that chose nothing add to the next step's scheduling time.
-get_next_batch_to_run_around = _adds_elapsed_to(
-    "sched_s", "Around ``Scheduler.get_next_batch_to_run``."
-)
-# Wall time: the compute time only where the backend runs synchronously (CPU).
-attention_forward_around = _adds_elapsed_to(
-    "attn_s",
-    "Around ``TorchNativeAttnBackend.forward_decode``/``forward_extend`` (one layer's call).",
-)
+# Around ``Scheduler.get_next_batch_to_run``: passes that chose nothing add to the next step's.
+get_next_batch_to_run_around = _adds_elapsed_to("sched_s")
+# Around torch_native's ``forward_decode``/``forward_extend`` (one layer's call). Wall time: the
+# compute time only where the backend runs synchronously (CPU).
+attention_forward_around = _adds_elapsed_to("attn_s")

@@ -13,8 +13,7 @@ import pytest
 
 from feather_sglang.agents import Action, AgentState, make_agent
 from feather_sglang.agents.features import OBS_FIELDS, observe
-from feather_sglang.agents.online import CREDIT_STEPS, state_bin
-from feather_sglang.agents.ucb import UCB_C
+from feather_sglang.agents.online import CREDIT_STEPS, UCB_C, state_bin
 from feather_sglang.config import FeatherConfig, FeatherConfigError
 
 SHIPPED = sorted((Path(__file__).resolve().parents[2] / "feather_rl" / "agents").glob("ppo_*.zip"))

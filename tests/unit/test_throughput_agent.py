@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from feather_sglang.agents import Action, AdmitAgent, AgentState, ServerShape, ThroughputAgent
-from feather_sglang.agents.step_model import REFIT_EVERY, StepTimeModel
+from feather_sglang.agents.throughput import REFIT_EVERY, StepTimeModel
 from feather_sglang.config import FeatherConfig
 from feather_sglang.planner import AdmissionPlanner
 
