@@ -111,4 +111,27 @@ def data_parallel_controller_init_around(original, controller, server_args, *arg
             processes=procs, process_names=[f"scheduler_DP{i}" for i in range(len(procs))]
         )
         controller.feather_watchdog.start()
+    if routed or getattr(server_args, "schedule_policy", None) == POLICY_NAME:
+        from sglang.srt.runtime_context import get_device
+
+        if get_device().sleep_on_idle:
+            controller.event_loop = lambda: _event_loop_sleeping_on_idle(controller)
     return result
+
+
+def _event_loop_sleeping_on_idle(controller) -> None:
+    """SGLang's controller loop under ``--sleep-on-idle``: it waits on its socket (a second at
+    most, for the watchdog) where SGLang's polls it without pause and holds a core when idle."""
+    import zmq
+    from sglang.srt.managers.data_parallel_controller import sock_recv
+
+    sock = controller.recv_from_tokenizer
+    while True:
+        controller.soft_watchdog.feed()
+        if sock.poll(timeout=1000):
+            while True:
+                try:
+                    req = sock_recv(sock, flags=zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    break
+                controller._request_dispatcher(req)

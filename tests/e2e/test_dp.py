@@ -31,6 +31,7 @@ def test_two_workers_keep_groups_whole_and_generate_what_one_worker_does(tiny_mo
         two = generate_all(server.url, prompts, 8)
         time.sleep(IDLE_CHECK_WAIT_S)
         assert requests.get(server.url + "/health_generate", timeout=120).status_code == 200
+        idle_cores = _cores_used(server, seconds=5.0)  # controller and both workers idle
         log = server.log_text()
         # A worker dies mid-serving: no request is lost silently, every client hears back.
         pending = grouped_prompts(groups=4, per_group=4, seed=1)
@@ -59,6 +60,8 @@ def test_two_workers_keep_groups_whole_and_generate_what_one_worker_does(tiny_mo
     assert whole >= 5, by_group  # all 48 arrive at once: the bounded loads split a few
 
     assert "routed by prefix group (2 workers)" in log
+    # --sleep-on-idle reaches the controller too: idle, the whole server takes little CPU
+    assert idle_cores < 0.5, idle_cores
     assert "Scheduler hit an exception" not in log
     assert "memory leak detected" not in log
     idle = dict(re.findall(r"DP(\d)\] feather: idle, tracking (\d+) requests, \d+ CHT nodes", log))
@@ -67,6 +70,25 @@ def test_two_workers_keep_groups_whole_and_generate_what_one_worker_does(tiny_mo
     # instead of waiting forever.
     assert answered_s < KILLED_WORKER_ANSWERED_S, (answered_s, outcomes)
     assert "error" in outcomes or any(o != 200 for o in outcomes), outcomes
+
+
+def _cores_used(server, seconds: float) -> float:
+    """CPU cores the server's processes used on average over ``seconds``."""
+    procs = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(True)]
+
+    def cpu() -> float:
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    start = cpu()
+    time.sleep(seconds)
+    return (cpu() - start) / seconds
 
 
 def _post(url: str, rid: str, text: str):
