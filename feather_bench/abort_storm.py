@@ -3,7 +3,8 @@
     feather-bench-abort-storm --model models/SmolLM2-135M-Instruct --requests 1000 --cycles 10
 
 Each cycle sends ``--requests`` shared-prefix requests from ``--concurrency`` clients to one
-``--schedule-policy feather`` server (``--policy fcfs``: a stock one, the memory baseline) with a small ``--max-queued-requests``:
+``--schedule-policy feather`` server (``--policy fcfs``: a stock one, the memory baseline) with
+a small ``--max-queued-requests``:
 
 - ``--disconnect`` of the clients (30%) give up at a random time (0.2-6 s), while queued or
   while decoding, so SGLang aborts their requests;

@@ -88,7 +88,7 @@ def _dispatch(controller, router: PrefixGroupRouter, req) -> None:
 
 def data_parallel_controller_init_around(original, controller, server_args, *args, **kwargs):
     """AROUND ``DataParallelController.__init__``: prefix-group dispatch, a worker watchdog."""
-    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.runtime_context import get_device, get_parallel
 
     parallel = get_parallel()
     routed = parallel.load_balance_method == PREFIX_GROUP
@@ -103,19 +103,18 @@ def data_parallel_controller_init_around(original, controller, server_args, *arg
             "feather: data-parallel requests are routed by prefix group (%d workers)",
             len(controller.workers),
         )
+    if not routed and getattr(server_args, "schedule_policy", None) != POLICY_NAME:
+        return result
     procs = [p for p in getattr(controller, "scheduler_procs", []) if p is not None]
-    if procs and (routed or getattr(server_args, "schedule_policy", None) == POLICY_NAME):
+    if procs:
         from sglang.srt.utils.watchdog import SubprocessWatchdog
 
         controller.feather_watchdog = SubprocessWatchdog(
             processes=procs, process_names=[f"scheduler_DP{i}" for i in range(len(procs))]
         )
         controller.feather_watchdog.start()
-    if routed or getattr(server_args, "schedule_policy", None) == POLICY_NAME:
-        from sglang.srt.runtime_context import get_device
-
-        if get_device().sleep_on_idle:
-            controller.event_loop = lambda: _event_loop_sleeping_on_idle(controller)
+    if get_device().sleep_on_idle:
+        controller.event_loop = lambda: _event_loop_sleeping_on_idle(controller)
     return result
 
 
