@@ -123,7 +123,7 @@ bench-scaleout-sim: setup
 # routing, measured with sglang.bench_serving (docs/scale-out.md)
 .PHONY: bench-dp bench-router bench-abort-storm
 bench-dp: setup
-	.venv/bin/feather-bench-dp --model models/SmolLM2-135M-Instruct --json results/dp/dp.json
+	.venv/bin/feather-bench-dp --model models/SmolLM2-135M-Instruct --attention-backend feather --json results/dp/dp.json
 
 # The same workload and client as bench-dp, through sglang-router in front of separate servers
 bench-router: setup

@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     workload_arguments(ap)
     ap.add_argument("--dp-size", type=int, default=2, help="workers (default: %(default)s)")
     ap.add_argument("--methods", default=",".join(METHODS), help="default: %(default)s")
+    ap.add_argument(
+        "--attention-backend", default="torch_native", help="every worker's (default: %(default)s)"
+    )
     ap.add_argument("--json", default="results/dp/dp.json", help="default: %(default)s")
     args = ap.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
@@ -148,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         method_dir = out_dir / method
         method_dir.mkdir(parents=True, exist_ok=True)
-        row = serving.run_config(args.model, "feather", "torch_native", "dp", run_args, method_dir)
-        log = (method_dir / "dp.feather+torch_native.server.log").read_text(errors="replace")
+        backend = args.attention_backend
+        row = serving.run_config(args.model, "feather", backend, "dp", run_args, method_dir)
+        log = (method_dir / f"dp.feather+{backend}.server.log").read_text(errors="replace")
         workers = per_worker(log, args.dp_size, skip=1)
         row.update(
             method=method, workers=workers, request_spread=spread([w["requests"] for w in workers])

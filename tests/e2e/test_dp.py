@@ -56,8 +56,11 @@ def test_two_workers_keep_groups_whole_and_generate_what_one_worker_does(tiny_mo
     # by one after tokenization, so totals drift (31/17 of 48 seen on a 2-core host); neither
     # worker may be left with less than a quarter of them
     assert min(per_worker.values()) >= 0.25 * len(prompts), per_worker
-    whole = sum(len(ranks) == 1 for ranks in by_group.values())
-    assert whole >= 5, by_group  # all 48 arrive at once: the bounded loads split a few
+    # All 48 arrive at once and the bounded loads split a few groups (4 to 8 of the 8 kept whole
+    # across runs here); what routing by group guarantees is that most requests share their
+    # group's worker: at least 3 in 4 (round robin leaves about 5 in 8)
+    kept = sum(max(ranks.values()) for ranks in by_group.values()) / len(prompts)
+    assert kept >= 0.75, by_group
 
     assert "routed by prefix group (2 workers)" in log
     # --sleep-on-idle reaches the controller too: idle, the whole server takes little CPU

@@ -53,10 +53,15 @@ def test_each_worker_gets_its_share_of_the_cores_on_a_cpu_host(monkeypatch):
     assert router.worker_server_args("--dtype float32") == [
         "--dtype",
         "float32",
+        "--sleep-on-idle",
         "--max-total-tokens",
         str(cpu_runtime.MULTI_RANK_KV_TOKENS),
     ]
-    assert router.worker_server_args("--max-total-tokens 4096") == ["--max-total-tokens", "4096"]
+    assert router.worker_server_args("--max-total-tokens 4096 --sleep-on-idle") == [
+        "--max-total-tokens",
+        "4096",
+        "--sleep-on-idle",
+    ]
     monkeypatch.setattr(cpu_runtime, "accelerator_present", lambda: True)
     assert router.worker_env(0, 2, None) == quiet
-    assert router.worker_server_args("") == []
+    assert router.worker_server_args("") == ["--sleep-on-idle"]
