@@ -84,6 +84,25 @@ def _core_list(cores: list[int]) -> str:
     return ",".join(map(str, cores))
 
 
+def bind_rank_threads_around(original, *args, local_omp_cpuid=None, **kwargs):
+    """AROUND SGLang's CPU thread set-up: SGLang binds a rank to its ``THREADS_BIND_ENV`` share
+    only with its own AMX or arm64 kernels and otherwise leaves every rank on all the cores,
+    where ranks sharing a host oversubscribe them. This binds the rank and sizes torch's pool."""
+    original(*args, local_omp_cpuid=local_omp_cpuid, **kwargs)
+    from sglang.srt.distributed import bootstrap
+
+    if bootstrap._is_cpu_amx_available or bootstrap._is_cpu_arm64:
+        return
+    if not (os.environ.get(THREADS_BIND_ENV) and isinstance(local_omp_cpuid, str)):
+        return
+    import torch
+
+    spans = [part.partition("-") for part in local_omp_cpuid.split(",")]
+    cores = {c for a, _, b in spans for c in range(int(a), int(b or a) + 1)}
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(len(cores))
+
+
 def gpu_present() -> bool:
     """True if an NVIDIA (or ROCm) GPU is visible, without importing torch."""
     if os.environ.get("CUDA_VISIBLE_DEVICES") == "":

@@ -63,6 +63,7 @@ def install_hooks() -> None:
     import sglang
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from feather_sglang import cpu_runtime
     from feather_sglang.sglang_integration import args, dp_routing, policy, trace
 
     if getattr(sglang, "__version__", SGLANG_VERSION) != SGLANG_VERSION:
@@ -70,6 +71,11 @@ def install_hooks() -> None:
             "feather-sglang was written for sglang %s; found %s", SGLANG_VERSION, sglang.__version__
         )
     reg = HookRegistry.register
+    reg(
+        "sglang.srt.distributed.bootstrap._init_cpu_threads_env",
+        cpu_runtime.bind_rank_threads_around,
+        HookType.AROUND,
+    )
     built_in = built_in_version()
     if built_in is not None:
         # Installing the hooks too would run every seam twice (two planners per pass).

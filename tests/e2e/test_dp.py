@@ -4,6 +4,7 @@ prefix group."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import re
 import signal
 import time
@@ -32,6 +33,8 @@ def test_two_workers_keep_groups_whole_and_generate_what_one_worker_does(tiny_mo
         time.sleep(IDLE_CHECK_WAIT_S)
         assert requests.get(server.url + "/health_generate", timeout=120).status_code == 200
         idle_cores = _cores_used(server, seconds=5.0)  # controller and both workers idle
+        # each worker runs on its own share of the host's cores
+        shares = [set(p.cpu_affinity()) for p in _scheduler_processes(server)]
         log = server.log_text()
         # A worker dies mid-serving: no request is lost silently, every client hears back.
         pending = grouped_prompts(groups=4, per_group=4, seed=1)
@@ -63,6 +66,8 @@ def test_two_workers_keep_groups_whole_and_generate_what_one_worker_does(tiny_mo
     assert kept >= 0.75, by_group
 
     assert "routed by prefix group (2 workers)" in log
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert shares[0] and shares[1] and not shares[0] & shares[1], shares
     # --sleep-on-idle reaches the controller too: idle, the whole server takes little CPU
     assert idle_cores < 0.5, idle_cores
     assert "Scheduler hit an exception" not in log
