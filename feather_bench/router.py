@@ -36,24 +36,18 @@ FLUSHED = "Cache flushed successfully!"  # SGLang's scheduler, after /flush_cach
 READY_TIMEOUT_S = 900  # every worker loads the model on its share of the cores
 
 
-def worker_env(index: int, workers: int, threads: int | None) -> dict[str, str]:
+def worker_env(index: int, workers: int) -> dict[str, str]:
     """Environment of worker ``index`` of ``workers``: no generation on ``/health`` (the router's
     health checks), and on a host without an accelerator its share of the cores, as the CPU
-    runtime splits them among the ranks of ``--dp-size``, with ``threads`` torch threads
-    (None: the share's size; 0: torch's default)."""
+    runtime splits them among the ranks of ``--dp-size`` (it pins the worker to them)."""
     from feather_sglang import cpu_runtime
 
     env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
     if cpu_runtime.accelerator_present():
         return env
-    cores = sorted(os.sched_getaffinity(0))
-    binding = cpu_runtime.threads_binding(workers, cores)
+    binding = cpu_runtime.threads_binding(workers, sorted(os.sched_getaffinity(0)))
     if binding:  # None with fewer cores than workers
         env[cpu_runtime.THREADS_BIND_ENV] = binding.split("|")[index]
-        if threads is None:
-            threads = len(cores) // workers
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
     return env
 
 
@@ -181,13 +175,6 @@ def main(argv: list[str] | None = None) -> int:
         default="round_robin,cache_aware",
         help=f"sglang-router policies, from {', '.join(POLICIES)} (default: %(default)s)",
     )
-    ap.add_argument(
-        "--threads-per-worker",
-        type=int,
-        default=None,
-        help="OMP_NUM_THREADS of each worker on a CPU host (default: its share of the cores; "
-        "0: torch's default, all cores)",
-    )
     ap.add_argument("--router-args", default="", help="more sglang-router flags, as one string")
     ap.add_argument("--bench-args", default="", help="more bench_serving flags, as one string")
     ap.add_argument("--json", default="results/router/router.json", help="default: %(default)s")
@@ -208,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     bench_args = gsp_bench_args(args)
     server_args = worker_server_args(args.server_args)
-    envs = [worker_env(i, args.workers, args.threads_per_worker) for i in range(args.workers)]
+    envs = [worker_env(i, args.workers) for i in range(args.workers)]
     servers = [
         SGLangServer(
             args.model,

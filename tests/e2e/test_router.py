@@ -41,7 +41,7 @@ def test_cache_aware_router_over_two_workers_generates_what_one_server_does(tiny
             worker_server_args("--dtype float32"),
             log_path=tmp_path / f"worker{i}.log",
             ready_timeout_s=READY_TIMEOUT_S,
-            env=worker_env(i, 2, None),
+            env=worker_env(i, 2),
         )
         for i in range(2)
     ]

@@ -43,13 +43,9 @@ def test_each_worker_gets_its_share_of_the_cores_on_a_cpu_host(monkeypatch):
     monkeypatch.setattr(cpu_runtime, "accelerator_present", lambda: False)
     monkeypatch.setattr(router.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     quiet = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
-    assert router.worker_env(1, 2, None) == {
-        **quiet,
-        "SGLANG_CPU_OMP_THREADS_BIND": "2-3",
-        "OMP_NUM_THREADS": "2",
-    }
-    assert router.worker_env(0, 2, 0) == {**quiet, "SGLANG_CPU_OMP_THREADS_BIND": "0-1"}
-    assert router.worker_env(0, 8, None) == quiet  # fewer cores than workers: no binding
+    assert router.worker_env(1, 2) == {**quiet, "SGLANG_CPU_OMP_THREADS_BIND": "2-3"}
+    assert router.worker_env(0, 2) == {**quiet, "SGLANG_CPU_OMP_THREADS_BIND": "0-1"}
+    assert router.worker_env(0, 8) == quiet  # fewer cores than workers: no binding
     assert router.worker_server_args("--dtype float32") == [
         "--dtype",
         "float32",
@@ -63,5 +59,5 @@ def test_each_worker_gets_its_share_of_the_cores_on_a_cpu_host(monkeypatch):
         "--sleep-on-idle",
     ]
     monkeypatch.setattr(cpu_runtime, "accelerator_present", lambda: True)
-    assert router.worker_env(0, 2, None) == quiet
+    assert router.worker_env(0, 2) == quiet
     assert router.worker_server_args("") == ["--sleep-on-idle"]
