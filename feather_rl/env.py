@@ -11,10 +11,14 @@ from gymnasium import spaces
 from feather_rl import workload_specs
 from feather_rl.executors.real import DEFAULT_MAX_TOTAL_TOKENS
 from feather_sglang.agents.base import Action, AgentState
-from feather_sglang.agents.features import OBS_DIM, OBS_HIGH, OBS_LOW, observe
+from feather_sglang.agents.features import OBS_DIM, observe
 from feather_sglang.agents.throughput import StepTimeModel
 from feather_sglang.cht import ChunkedHashTree, with_costs
 
+# The observation space: every feature in [0, 1] but chunk_loss, in [-1, 1] (features.observe).
+OBS_LOW = np.zeros(OBS_DIM, dtype=np.float32)
+OBS_LOW[1] = -1.0
+OBS_HIGH = np.ones(OBS_DIM, dtype=np.float32)
 DEFAULT_CHUNK_SIZE = 50  # feather's default --feather-chunk-size
 # NOTE: 32 running requests: the A/B workloads have 30-64 requests, so a batch cannot simply
 # take everything and the agent must choose what runs together.

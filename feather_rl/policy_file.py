@@ -11,7 +11,7 @@ import json
 import zipfile
 from pathlib import Path
 
-from feather_sglang.agents.features import layout
+from feather_sglang.agents.features import CHUNK_SCALE, COUNT_SCALE, OBS_FIELDS, OBS_VERSION
 from feather_sglang.agents.learned import META_MEMBER, manifest_of
 
 # SB3's default MlpPolicy activations: PPO's actor-critic uses tanh, DQN's QNetwork ReLU.
@@ -29,7 +29,10 @@ def save_policy(model, path: str | Path, algo: str, provenance: dict | None = No
     meta = {
         "algo": algo,
         "activation": ACTIVATION[algo],
-        **layout(),
+        # the observations it was trained on (the server checks version and fields)
+        "obs_version": OBS_VERSION,
+        "obs_fields": list(OBS_FIELDS),
+        "scales": {"chunk": CHUNK_SCALE, "count": COUNT_SCALE},
         "provenance": provenance or {},
         "manifest": manifest_of(path),
     }

@@ -169,7 +169,7 @@ class ChunkedHashTree:
 
     def candidate_view(self, rid: Hashable) -> CandidateView:
         """The agent's view of admitting waiting request ``rid`` (see :class:`CandidateView`)."""
-        return self._view(self._waiting_request(rid))
+        return self._view(self._lookup(rid, RequestState.WAITING))
 
     def best_view(self) -> tuple[Hashable, CandidateView] | None:
         """``best()`` and its ``candidate_view`` in one call (the planner's per-pick step)."""
@@ -180,9 +180,7 @@ class ChunkedHashTree:
         return request.rid, self._view(request, deficit)
 
     def _view(self, request: _Request, deficit: int | None = None) -> CandidateView:
-        chunks_before = self._shared_chain
-        if chunks_before is None:
-            chunks_before = self.shared_chain_len()
+        chunks_before = self.shared_chain_len()
         node = self._under_everyone(request.leaf)  # with none running: the leaf
         # Holders of the key at level chunks_after - 1 are the node's waiting requests.
         waiting = node.waiting - 1 if node.end else 0  # minus the candidate
@@ -190,12 +188,8 @@ class ChunkedHashTree:
             deficit = _deficit(request)
         return CandidateView(chunks_before, node.end, waiting, deficit, len(self._running))
 
-    def waiting_shared_depth(self, rid: Hashable) -> int:
-        """Leading chunks of waiting ``rid`` that at least one OTHER waiting request holds."""
-        return self._deepest_shared_while_waiting(rid).end
-
     def waiting_shared_beyond_running(self, rid: Hashable) -> int:
-        """``waiting_shared_depth(rid)`` unless running requests hold all those chunks, else 0."""
+        """``waiting_share(rid)[0]`` unless running requests hold all those chunks, else 0."""
         node = self._deepest_shared_while_waiting(rid)
         return node.end if not node.running else 0
 
@@ -219,17 +213,14 @@ class ChunkedHashTree:
 
     def _deepest_shared_while_waiting(self, rid: Hashable) -> _Node:
         """The deepest node of waiting ``rid``'s path that another waiting request shares."""
-        node = self._waiting_request(rid).leaf
+        node = self._lookup(rid, RequestState.WAITING).leaf
         while node.waiting < 2 and node.parent is not None:
             node = node.parent
         return node
 
-    def waiting_group_size(self, rid: Hashable) -> int:
-        """``len(waiting_group(rid))`` without building the set: O(nodes on its path)."""
-        return self.waiting_share(rid)[1]
-
     def waiting_share(self, rid: Hashable) -> tuple[int, int]:
-        """(``waiting_shared_depth(rid)``, ``waiting_group_size(rid)``) in one walk up the path."""
+        """(leading chunks of waiting ``rid`` that another waiting request holds, the size of
+        ``waiting_group(rid)``) in one walk up the path, without building the group."""
         node = self._deepest_shared_while_waiting(rid)
         return node.end, (1 if node.parent is None else node.waiting)
 
@@ -296,7 +287,7 @@ class ChunkedHashTree:
 
     def admit(self, rid: Hashable) -> None:
         """Waiting -> running: its keys join the working set."""
-        request = self._waiting_request(rid)
+        request = self._lookup(rid, RequestState.WAITING)
         self._leave_waiting(request)
         request.state = RequestState.RUNNING
         self._running[rid] = request
@@ -318,21 +309,12 @@ class ChunkedHashTree:
         self._detach(request)
         del self._requests[rid]
 
-    abort = remove_waiting
-
     def remove(self, rid: Hashable) -> None:
         """Forget ``rid`` whether it waits or runs."""
         if self._lookup(rid).state is RequestState.RUNNING:
             self.finish(rid)
         else:
             self.remove_waiting(rid)
-
-    def _waiting_request(self, rid: Hashable) -> _Request:
-        """``_lookup(rid, WAITING)`` with the common case first (a hot path of every pick)."""
-        request = self._requests.get(rid)
-        if request is None or request.state is not RequestState.WAITING:
-            return self._lookup(rid, RequestState.WAITING)  # raises
-        return request
 
     def _lookup(self, rid: Hashable, expected: RequestState | None = None) -> _Request:
         request = self._requests.get(rid)

@@ -27,13 +27,10 @@ class Plan:
 class PlannerStats:
     """Counters since start (or the last :meth:`AdmissionPlanner.take_stats`)."""
 
-    passes: int = 0
-    planned: int = 0
     admitted: int = 0
     rolled_back: int = 0
     starved: int = 0
     stops: dict = field(default_factory=dict)
-    plan_seconds: float = 0.0  # time spent planning and keeping the CHT in step
 
 
 class AdmissionPlanner:
@@ -128,7 +125,6 @@ class AdmissionPlanner:
         """Choose up to ``max_new`` waiting requests to admit this pass. ``cached_prefix_tokens``
         (rid -> leading tokens in the radix cache; None: no prefix leader), ``token_budget`` and
         the KV tokens free and in all: ``docs/design.md``, "The planner"."""
-        start = time.perf_counter()
         self.end_pass(())  # a plan the scheduler never consumed is rolled back
         cht, agent, chunk_size = self.cht, self.agent, self.config.chunk_size
         plan = Plan()
@@ -161,7 +157,7 @@ class AdmissionPlanner:
             plan.starved = len(plan.rids)
             if leader:
                 plan.stop_reason = "prefix-leader"
-                return self._finish_plan(plan, start)
+                return self._finish_plan(plan)
 
         # The hot path of a pass: bound methods and constants are looked up once.
         rids, admit_states = plan.rids, self._admit_states
@@ -199,7 +195,7 @@ class AdmissionPlanner:
             if leader:
                 plan.stop_reason = "prefix-leader"
                 break
-        return self._finish_plan(plan, start)
+        return self._finish_plan(plan)
 
     def on_step(self, batch_size: int, seconds: float, decode: bool) -> None:
         """A forward step ran; decode steps also tell the agent what the batch attended to."""
@@ -209,14 +205,11 @@ class AdmissionPlanner:
             chunk = self.config.chunk_size
             self.agent.on_decode_step(batch_size, unique * chunk, tokens * chunk, seconds)
 
-    def _finish_plan(self, plan: Plan, start: float) -> Plan:
+    def _finish_plan(self, plan: Plan) -> Plan:
         self._pending = list(plan.rids)
         stats = self.stats
-        stats.passes += 1
-        stats.planned += len(plan.rids)
         stats.starved += plan.starved
         stats.stops[plan.stop_reason] = stats.stops.get(plan.stop_reason, 0) + 1
-        stats.plan_seconds += time.perf_counter() - start
         return plan
 
     def _starved_group(self) -> deque[Hashable]:

@@ -33,10 +33,6 @@ COUNT_SCALE = 4096.0
 _LOG_CHUNK = math.log1p(CHUNK_SCALE)
 _LOG_COUNT = math.log1p(COUNT_SCALE)
 
-OBS_LOW = np.zeros(OBS_DIM, dtype=np.float32)
-OBS_LOW[1] = -1.0
-OBS_HIGH = np.ones(OBS_DIM, dtype=np.float32)
-
 
 def observe(state: AgentState, model: StepTimeModel) -> np.ndarray:
     """The observation vector of ``state`` under ``model``: float32, shape (OBS_DIM,)."""
@@ -64,12 +60,3 @@ def observe(state: AgentState, model: StepTimeModel) -> np.ndarray:
         ),
         dtype=np.float32,
     )
-
-
-def layout() -> dict:
-    """What a trained policy file records about the observations it was trained on."""
-    return {
-        "obs_version": OBS_VERSION,
-        "obs_fields": list(OBS_FIELDS),
-        "scales": {"chunk": CHUNK_SCALE, "count": COUNT_SCALE},
-    }

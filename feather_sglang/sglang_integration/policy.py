@@ -232,8 +232,7 @@ class FeatherState:
             ):
                 self._sync_running(self._running_reqs(running_batch))
                 self._synced_running = rids
-        if waiting_queue and not self._known_waiting(waiting_queue[-1]):
-            self._adopt_tail(waiting_queue)
+        self._adopt_tail(waiting_queue, len(waiting_queue))
         if len(waiting_queue) != planner.num_waiting:
             self.resyncs += 1
             for rid in planner.sync_waiting(
@@ -281,9 +280,8 @@ class FeatherState:
     def _known_waiting(self, req: Req) -> bool:
         return self.reqs.get(req.rid) is req and self.planner.is_waiting(req.rid)
 
-    def _adopt_tail(self, queue: list[Req], end: int | None = None) -> None:
+    def _adopt_tail(self, queue: list[Req], end: int) -> None:
         """Take in the requests at the end of ``queue[:end]`` appended without the enqueue hook."""
-        end = len(queue) if end is None else end
         start = end
         while start > 0 and not self._known_waiting(queue[start - 1]):
             start -= 1
@@ -293,10 +291,8 @@ class FeatherState:
 
     def on_enqueue_hooked(self, queue: list[Req], req: Req) -> None:
         """The enqueue hook: ``req`` was appended to ``queue`` (earlier unhooked ones adopted)."""
-        last = len(queue) - 1
-        if last > 0 and not self._known_waiting(queue[last - 1]):
-            self._adopt_tail(queue, last)
-        self.on_enqueue(req, last)
+        self._adopt_tail(queue, len(queue) - 1)
+        self.on_enqueue(req, len(queue) - 1)
 
     def check_invariants(self, queue: list[Req], running_batch: ScheduleBatch | None) -> None:
         """``FEATHER_CHECK_INVARIANTS=1``: the queue is the CHT's waiting set plus the plan, the

@@ -958,7 +958,7 @@ def test_a_reused_rid_is_a_new_request():
     assert sched.feather.reused_rids == 1 and sched.feather.reqs["g0-0"] is again
     sched.add_request(make_req("g1-1", prompt(1, 1)))
     # the CHT holds the new prompt's keys: it shares group 1's prefix, not group 0's
-    assert sched.feather.planner.cht.waiting_group_size("g0-0") == 2
+    assert sched.feather.planner.cht.waiting_share("g0-0")[1] == 2
     record = sched.step()
     assert "g0-0" in record.admitted and sched.feather.faults.total == 0
 

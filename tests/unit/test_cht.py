@@ -138,7 +138,7 @@ def test_transitions_and_states(tree):
     tree.finish("a")
     assert "a" not in tree
     tree.add_waiting("a", prompt(A))  # a finished rid may come back
-    tree.abort("a")
+    tree.remove_waiting("a")
     assert "a" not in tree and tree.best() is None
 
 
@@ -177,7 +177,7 @@ def test_errors_name_the_request_and_state(tree):
     with pytest.raises(ValueError, match="'w' is running, expected waiting"):
         tree.admit("w")
     with pytest.raises(ValueError, match="expected waiting"):
-        tree.abort("w")
+        tree.remove_waiting("w")
     with pytest.raises(ValueError, match="expected waiting"):
         tree.candidate_view("w")
     with pytest.raises(ValueError, match="already tracked"):
@@ -267,17 +267,17 @@ def test_heap_stays_bounded_under_churn(tree):
     assert tree.best() == "runner"  # deficit 2 against 3 for the w's
 
 
-def test_waiting_shared_depth_and_running_ids():
+def test_waiting_share_and_running_ids():
     cht = ChunkedHashTree(chunk_size=2)
     cht.add_waiting("a", [1, 2, 3, 4, 5, 6])
     cht.add_waiting("b", [1, 2, 3, 4, 9, 9])
     cht.add_waiting("c", [7, 7])
-    assert cht.waiting_shared_depth("a") == 2
-    assert cht.waiting_shared_depth("b") == 2
-    assert cht.waiting_shared_depth("c") == 0
+    assert cht.waiting_share("a") == (2, 2)
+    assert cht.waiting_share("b") == (2, 2)
+    assert cht.waiting_share("c") == (0, 1)
     cht.admit("b")
     assert cht.running_ids() == ["b"]
-    assert cht.waiting_shared_depth("a") == 0  # b no longer waits
+    assert cht.waiting_share("a") == (0, 1)  # b no longer waits
 
 
 def test_chunk_hashes_of_sglang_token_arrays_match_lists():

@@ -1,7 +1,7 @@
 """Property tests: the Chunked Hash Tree against a brute-force model recomputed from scratch.
 
-Random arrive / admit / finish / abort / retract sequences run over prompts built from a few
-shared prefixes plus short random suffixes, with chunks of 2-4 tokens so that many levels
+Random arrive / admit / finish / remove_waiting / retract sequences run over prompts built from
+a few shared prefixes plus short random suffixes, with chunks of 2-4 tokens so that many levels
 are shared partly. After every step each incremental quantity is compared with the model.
 """
 
@@ -38,7 +38,7 @@ arrive = st.tuples(
     st.just("arrive"), st.integers(0, 11), st.integers(0, 2), st.lists(tokens, max_size=6)
 )
 # (kind, pick): pick chooses among the requests in the state the transition needs.
-kinds = st.sampled_from(["admit", "admit", "finish", "abort", "retract"])
+kinds = st.sampled_from(["admit", "admit", "finish", "remove_waiting", "retract"])
 transition = st.tuples(kinds, st.integers(0, 63))
 operations = st.lists(st.one_of(arrive, transition), min_size=10, max_size=50)
 
@@ -112,13 +112,12 @@ def check_against_model(tree: ChunkedHashTree, model: BruteForceModel) -> None:
             for other in waiting
         ):
             shared += 1
-        assert tree.waiting_shared_depth(rid) == shared
         held = len(keys) - model.deficit(rid)  # leading levels the running batch holds
         assert tree.waiting_shared_beyond_running(rid) == (shared if shared > held else 0)
         group = {
             other for other in waiting if shared and model.keys[other][:shared] == keys[:shared]
         }
-        assert tree.waiting_group_size(rid) == (len(group) if shared else 1)
+        assert tree.waiting_share(rid) == (shared, len(group) if shared else 1)
     for rid in running:
         assert tree.state(rid) is RequestState.RUNNING
     assert tree.best() == model.best()
@@ -193,7 +192,7 @@ def test_tree_matches_brute_force(chunk_size, prefixes, operations):
                 model.next_arrival += 1
         else:
             kind, pick = operation
-            source = model.ids("waiting" if kind in ("admit", "abort") else "running")
+            source = model.ids("waiting" if kind in ("admit", "remove_waiting") else "running")
             if not source:
                 continue
             rid = source[pick % len(source)]
