@@ -220,6 +220,20 @@ def _storm_section(path: Path) -> list[str]:
             f"failed checks: {', '.join(summary['failures']) or 'none'}."
         ),
     ]
+    baseline = path.with_name(path.stem + "_fcfs.json")
+    if baseline.exists():
+        b = json.loads(baseline.read_text())
+        rss = " / ".join(f"{r['scheduler_rss_mb']:,.0f}" for r in b["rows"])
+        lines += [
+            "",
+            wrap(
+                f"The same storm against a stock `--schedule-policy fcfs` server "
+                f"(`{baseline.relative_to(REPO)}`, {_provenance(b)[1]}): scheduler memory grew "
+                f"{b['summary']['scheduler_rss_growth_mb']} MB from the first cycle to the last "
+                f"({b['summary']['scheduler_rss_growth_from_start_mb']} MB from start-up); "
+                f"RSS MB after each cycle: {rss}."
+            ),
+        ]
     return lines
 
 
