@@ -131,8 +131,8 @@ def test_scripts_are_thin_and_import_no_other_script():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="feather_sglang holds about 3,640 lines (ruff-formatted) with its design prose in docs/; "
-    "code and blank lines alone are about 3,320, so the 3,000-line budget needs the code itself "
+    reason="feather_sglang holds about 3,670 lines (ruff-formatted) with its design prose in docs/; "
+    "code and blank lines alone are about 3,340, so the 3,000-line budget needs the code itself "
     "cut down further",
 )
 def test_the_plugin_stays_small():
