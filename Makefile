@@ -2,7 +2,7 @@
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup env models demo test test-fast bench-overhead bench-overhead-quick bench-attention bench-dtype clean-models help gpu-check ab ab-quick patch-check bench-serving
+.PHONY: rl-zoo setup env models demo test test-fast bench-overhead bench-overhead-quick bench-attention bench-dtype clean-models help gpu-check ab ab-quick patch-check bench-serving
 
 help:
 	@echo "make demo   - set up, then serve the default model with --schedule-policy feather and print throughput"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-dp - 2 data-parallel feather workers: prefix_group vs round_robin routing (results/dp/)"
 	@echo "make bench-router - 2 feather servers behind sglang-router: cache_aware vs round_robin (results/router/)"
 	@echo "make bench-abort-storm - a live feather server under 10 cycles of 1,000 requests, 30% of clients giving up (results/reliability/)"
+	@echo "make rl-zoo - rl-zoo3 (in .venv-zoo) trains 1,000 steps from feather_rl/hyperparams/ppo.yml; the model becomes a policy file (logs/)"
 	@echo "make bench-scaleout-sim - routers x 4-64 workers, projected in the simulator (results/scaleout/)"
 
 setup: env models
@@ -116,6 +117,15 @@ record: setup
 # Data-parallel scale-out projected in the simulator: routers x 4-64 workers (docs/scale-out.md)
 .PHONY: bench-scaleout-sim
 SCALEOUT_ARGS ?=
+# rl-zoo3 in an environment of its own (its dependencies conflict with the serving set), the
+# command docs/rl.md gives, then the model it writes as a policy file the server loads.
+rl-zoo: setup
+	@bash scripts/setup_zoo_env.sh
+	.venv-zoo/bin/python -m rl_zoo3.train --algo ppo --env feather/Serving-v0 --gym-packages feather_rl \
+	    --conf-file feather_rl/hyperparams/ppo.yml -n 1000 --log-folder logs
+	$(PYTHON) -m feather_rl.policy_file $$(ls -td logs/ppo/feather-Serving-v0_*/ | head -1)feather-Serving-v0.zip logs/zoo-policy.zip
+	.venv/bin/feather-eval --agents static,always-add,ppo:logs/zoo-policy.zip --seeds 1
+
 bench-scaleout-sim: setup
 	OMP_NUM_THREADS=1 $(PYTHON) -m feather_rl.scaleout --json results/scaleout/projection.json $(SCALEOUT_ARGS)
 

@@ -34,8 +34,9 @@ def save_policy(model, path: str | Path, algo: str, provenance: dict | None = No
         "obs_fields": list(OBS_FIELDS),
         "scales": {"chunk": CHUNK_SCALE, "count": COUNT_SCALE},
         "provenance": provenance or {},
-        "manifest": manifest_of(path),
     }
+    with zipfile.ZipFile(path) as zf:
+        meta["manifest"] = manifest_of(zf)
     with zipfile.ZipFile(path, "a") as zf:
         zf.writestr(META_MEMBER, json.dumps(meta, indent=1))
     return path
@@ -49,6 +50,40 @@ def set_meta(path: str | Path, meta: dict) -> None:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, data in members.items():
             zf.writestr(name, data)
-    meta = {**meta, "manifest": manifest_of(path)}
+    with zipfile.ZipFile(path) as zf:
+        meta = {**meta, "manifest": manifest_of(zf)}
     with zipfile.ZipFile(path, "a") as zf:
         zf.writestr(META_MEMBER, json.dumps(meta, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m feather_rl.policy_file SRC DST``: a policy trained elsewhere on
+    ``feather/Serving-v0`` (rl-zoo3's ``logs/ppo/.../feather-Serving-v0.zip``) as a policy file
+    the server loads."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m feather_rl.policy_file", description=main.__doc__
+    )
+    parser.add_argument("src", help="an SB3 .zip trained on feather/Serving-v0")
+    parser.add_argument("dst", help="the policy file to write (.zip)")
+    parser.add_argument("--algo", choices=sorted(ACTIVATION), default="ppo")
+    args = parser.parse_args(argv)
+    from stable_baselines3 import DQN, PPO
+
+    from feather_rl.serving_env import ServingEnv
+
+    model = {"ppo": PPO, "dqn": DQN}[args.algo].load(args.src, device="cpu")
+    expected = ServingEnv().observation_space.shape
+    if model.observation_space.shape != expected:
+        parser.error(
+            f"{args.src}: observations of shape {model.observation_space.shape}; "
+            f"feather/Serving-v0 gives {expected}"
+        )
+    path = save_policy(model, args.dst, args.algo, {"imported_from": str(args.src)})
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates .venv-zoo/: rl-zoo3 beside feather_rl, apart from .venv (rl-zoo3's dependencies
+# conflict with the pinned serving set; docs/rl.md). The environment needs neither SGLang nor
+# transformers: torch (CPU build), rl-zoo3 and what feather_rl imports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv-zoo
+[ -x $VENV/bin/python ] || $PY -m venv $VENV
+PIP="$VENV/bin/python -m pip --disable-pip-version-check"
+torch_index=https://download.pytorch.org/whl/cpu
+index=()
+if $VENV/bin/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)" "$torch_index/torch/" 2>/dev/null; then
+  index=(--extra-index-url "$torch_index")
+fi
+pins=$(grep -E '^(torch|numpy|xxhash|tqdm|matplotlib)==' feather_sglang/cpu_runtime/requirements-cpu.txt)
+$PIP install -q "${index[@]}" $pins "rl_zoo3==2.9.2" 2> >(grep -v "^WARNING: Location" >&2)
+$PIP install -q --no-deps --no-build-isolation -e .
+echo "setup: $VENV ready ($($VENV/bin/python -c 'import rl_zoo3, stable_baselines3 as sb3; print("rl_zoo3", rl_zoo3.__version__, "stable-baselines3", sb3.__version__)'))"
