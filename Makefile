@@ -34,6 +34,7 @@ demo: setup
 	$(PYTHON) -m feather_bench.demo
 
 test: setup
+	@bash scripts/setup_zoo_env.sh || echo "setup: no .venv-zoo (rl-zoo3 could not be installed); its test is skipped"
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
