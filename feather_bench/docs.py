@@ -111,14 +111,14 @@ def _scale_section(path: Path) -> list[str]:
         ),
         "",
         "| waiting | scenario | prompt tokens | feather p50 us | feather p99 us | pass p50 us | pass p99 us | "
-        "O(W) reindexes | CHT bytes per prompt token |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "O(W) reindexes | CHT bytes per prompt token | feather's bytes per prompt token |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in d["rows"]:
         lines.append(
             f"| {r['waiting']:,} | {r['scenario']} | {r['prompt_tokens']:,} | {r['feather_p50_us']:,.1f} | "
             f"{r['feather_p99_us']:,.1f} | {r['p50_us']:,.1f} | {r['p99_us']:,.1f} | {r['reindexes']} | "
-            f"{r['cht_bytes_per_prompt_token']:.2f} |"
+            f"{r['cht_bytes_per_prompt_token']:.2f} | {r.get('feather_bytes_per_prompt_token', '-')} |"
         )
     return lines
 

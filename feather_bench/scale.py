@@ -11,8 +11,9 @@ SGLang's ``Req`` objects and ``ServerArgs``), for each queue size W:
   (an injected clock), so each pass serves the starved backlog group by group;
 - **after an abort**: a waiting request aborted as SGLang does (popped, then
   ``_release_aborted_request`` with feather's hook), then the next pass, repeated;
-- **CHT bytes per prompt token** after the W enqueues (``tracemalloc``; the prompts are
-  SGLang's, not counted), with 256-token prompts (three quarters of them the group's prefix)
+- **bytes per prompt token** after the W enqueues (``tracemalloc``; the prompts are SGLang's,
+  not counted): the CHT's own (what ``cht.py`` and ``chunk_hash.py`` allocate) and all of
+  feather's (with the policy's and planner's per-request records), with 256-token prompts (three quarters of them the group's prefix)
   and, once more for the fresh queue, with 2,048-token prompts: feather's cost per request is
   mostly fixed, so its cost per token falls as prompts grow.
 
@@ -40,6 +41,7 @@ LONG_PROMPT_TOKENS = 2048
 BATCH = 32  # requests a pass may admit
 PASSES = 200
 ABORTS = 50
+CHT_FILES = ("feather_sglang/cht.py", "feather_sglang/chunk_hash.py")
 
 
 def _quantiles(samples: list[float], prefix: str = "") -> dict:
@@ -84,12 +86,16 @@ def scenario(w: int, kind: str, prompt_tokens: int = PROMPT_TOKENS) -> dict:
     queue = scheduler.waiting_queue = []
     running = ScheduleBatch(reqs=[])
     reqs = _requests(make_req, w, kind != "starved no-sharing", prompt_tokens)
-    tracemalloc.start()
+    tracemalloc.start(2)  # two frames: a dataclass's generated __init__ and its caller
     for req in reqs:
         queue.append(req)
         policy_mod.add_request_to_queue_after(None, scheduler, req)
-    cht_bytes = tracemalloc.get_traced_memory()[0]
+    snapshot = tracemalloc.take_snapshot()
     tracemalloc.stop()
+    feather_bytes = sum(t.size for t in snapshot.traces)
+    cht_files = [tracemalloc.Filter(True, f"*/{f}", all_frames=True) for f in CHT_FILES]
+    cht_bytes = sum(t.size for t in snapshot.filter_traces(cht_files).traces)
+    del snapshot
     if kind == "starved no-sharing":
         now[0] = 100.0  # every request has waited past --feather-max-wait-s
     # NOTE: the W requests' objects moved out of the collector's way, as SGLang's freeze_gc
@@ -124,6 +130,7 @@ def scenario(w: int, kind: str, prompt_tokens: int = PROMPT_TOKENS) -> dict:
         "resyncs": state.resyncs,
         "reindexes": state.reindexes,
         "cht_bytes_per_prompt_token": round(cht_bytes / (w * prompt_tokens), 3),
+        "feather_bytes_per_prompt_token": round(feather_bytes / (w * prompt_tokens), 3),
     }
 
 
@@ -160,13 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = [scenario(*cell) for cell in tqdm(cells, desc="feather-bench-scale", file=sys.stderr)]
     print(
         f"{'waiting':>8} {'scenario':<20} {'prompt':>6} {'pass p50 us':>12} {'pass p99 us':>12} "
-        f"{'feather p50':>12} {'feather p99':>12} {'reindexes':>9} {'CHT B/token':>12}"
+        f"{'feather p50':>12} {'feather p99':>12} {'reindexes':>9} {'CHT B/token':>12} {'all B/token':>12}"
     )
     for r in rows:
         print(
             f"{r['waiting']:>8} {r['scenario']:<20} {r['prompt_tokens']:>6} {r['p50_us']:>12,.1f} {r['p99_us']:>12,.1f} "
             f"{r['feather_p50_us']:>12,.1f} {r['feather_p99_us']:>12,.1f} {r['reindexes']:>9} "
-            f"{r['cht_bytes_per_prompt_token']:>12.3f}"
+            f"{r['cht_bytes_per_prompt_token']:>12.3f} {r['feather_bytes_per_prompt_token']:>12.3f}"
         )
     out = {
         "rows": rows,

@@ -7,6 +7,7 @@ import array
 import heapq
 import itertools
 import sys
+import types
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -25,6 +26,11 @@ from feather_sglang.chunk_hash import (
 # are at least the minimum).
 HEAP_STALE_PER_LIVE = 2
 HEAP_COMPACT_MIN_STALE = 8
+# A heap entry's key is one int, deficit << ARRIVAL_BITS | arrival: least deficit first, then
+# earliest arrival (2**48 arrivals before two could tie).
+ARRIVAL_BITS = 48
+# A leaf's children until it has one (most nodes are leaves: one dict fewer each).
+_NO_CHILDREN = types.MappingProxyType({})
 
 
 class RequestState(str, Enum):
@@ -70,8 +76,8 @@ class MemoryFootprint:
 @dataclass(slots=True, eq=False)
 class _Node:
     """A run of levels ``[start, end)`` that exactly the same requests hold; ``keys[i]`` is the
-    key at level ``start + i``. ``heap`` entries: (chunks missing below, arrival, version, item),
-    live while ``item.version == version``; ``key``: what it posts in its parent's heap."""
+    key at level ``start + i``. ``heap`` entries: (key, version, item), live while
+    ``item.version == version``; ``key``: what it posts in its parent's heap (``ARRIVAL_BITS``)."""
 
     start: int
     end: int
@@ -80,13 +86,13 @@ class _Node:
     # A prompt through it and where the node's tokens end in it; None when built from keys.
     source: object = None
     stop: int = 0
-    children: dict[int, "_Node"] = field(default_factory=dict)
+    children: "dict[int, _Node]" = field(default_factory=lambda: _NO_CHILDREN)
     running: int = 0  # running requests through this node
     waiting: int = 0  # waiting requests through it
     ends: int = 0  # requests (waiting or running) whose last key is this node's last
     heap: list = field(default_factory=list)
     live: int = 0  # live entries in ``heap``
-    key: "tuple[int, int] | None" = None
+    key: int | None = None
     version: int = -1  # of this node's live entry in its parent's heap; -1: none
 
 
@@ -99,7 +105,10 @@ class _Request:
     leaf: _Node  # the node holding its last key (the root for an empty prompt)
     arrival: int  # arrival sequence number, the tie-break of equal deficits
     state: RequestState = RequestState.WAITING
-    version: int = -1  # of its live entry in its leaf's heap while waiting; -1: none
+    # < 0: its live entry's in its leaf's heap (waiting); > 0: none live, the next is -version.
+    # Small, so no int is allocated for it; negative, so never a node's (comparisons of entries
+    # with equal keys stop at the version).
+    version: int = 1
 
 
 class ChunkedHashTree:
@@ -114,7 +123,7 @@ class ChunkedHashTree:
         self._num_waiting = 0
         self._root = _Node(0, 0, [], None)
         self._arrivals = itertools.count()
-        # Entry versions are unique, so comparing entries never reaches their items.
+        # Nodes' entry versions are unique, so comparing entries never reaches their items.
         self._versions = itertools.count()
         self._shared_chain: int | None = None  # cached shared-chain length
         # Chunks the running batch attends to: each distinct key once, and per request.
@@ -148,9 +157,9 @@ class ChunkedHashTree:
         entry = _top(self._root)
         if entry is None:
             return None
-        deficit, item = entry[0], entry[3]
+        deficit, item = entry[0] >> ARRIVAL_BITS, entry[2]
         while type(item) is _Node:
-            item = _top(item)[3]
+            item = _top(item)[2]
         return deficit, item
 
     def shared_chain_len(self) -> int:
@@ -203,8 +212,8 @@ class ChunkedHashTree:
         while stack:
             node = stack.pop()
             for entry in node.heap:
-                item = entry[3]
-                if item.version == entry[2]:
+                item = entry[2]
+                if item.version == entry[1]:
                     if type(item) is _Node:
                         stack.append(item)
                     else:
@@ -362,6 +371,8 @@ class ChunkedHashTree:
                 child = _Node(
                     level, total, array.array("Q", keys[level:]), node, source, num_tokens
                 )
+                if node.children is _NO_CHILDREN:
+                    node.children = {}
                 node.children[keys[level]] = child
                 return child
             # Equal cumulative hashes at a level are equal above it: bisect the first difference.
@@ -383,7 +394,7 @@ class ChunkedHashTree:
         cut, parent, stop = level - node.start, node.parent, level * self.chunk_size
         upper = _Node(node.start, level, node.keys[:cut], parent, node.source, stop)
         upper.running, upper.waiting = node.running, node.waiting
-        upper.children[node.keys[cut]] = node
+        upper.children = {node.keys[cut]: node}
         parent.children[node.keys[0]] = upper
         node.start, node.keys, node.parent = level, node.keys[cut:], upper
         self._unpost(node, parent)
@@ -411,12 +422,12 @@ class ChunkedHashTree:
     # ---- counts and deficits -------------------------------------------------------------
     def _enter_waiting(self, request: _Request) -> None:
         request.state = RequestState.WAITING
-        request.version = next(self._versions)
-        heapq.heappush(request.leaf.heap, (0, request.arrival, request.version, request))
+        request.version = -request.version
+        heapq.heappush(request.leaf.heap, (request.arrival, request.version, request))
         self._count_waiting(request.leaf, +1)
 
     def _leave_waiting(self, request: _Request) -> None:
-        request.version = -1  # its heap entry is now stale
+        request.version = 1 - request.version  # its heap entry is now stale
         self._count_waiting(request.leaf, -1)
 
     def _count_waiting(self, leaf: _Node, step: int) -> None:
@@ -465,7 +476,7 @@ class ChunkedHashTree:
             key = (
                 None
                 if top is None
-                else (top[0] + (0 if node.running else node.end - node.start), top[1])
+                else top[0] + (0 if node.running else (node.end - node.start) << ARRIVAL_BITS)
             )
             if key == node.key:
                 return
@@ -476,7 +487,7 @@ class ChunkedHashTree:
             else:
                 parent.live += node.key is None
                 node.version = next(self._versions)
-                heapq.heappush(parent.heap, (*key, node.version, node))
+                heapq.heappush(parent.heap, (key, node.version, node))
             node.key = key
             _compact_if_stale(parent)
             node = parent
@@ -496,7 +507,7 @@ def _top(node: _Node) -> tuple | None:
     heap = node.heap
     while heap:
         entry = heap[0]
-        if entry[3].version == entry[2]:
+        if entry[2].version == entry[1]:
             return entry
         heapq.heappop(heap)
     return None
@@ -506,7 +517,7 @@ def _compact_if_stale(node: _Node) -> None:
     """Keep ``node``'s heap <= (1 + HEAP_STALE_PER_LIVE) * live + HEAP_COMPACT_MIN_STALE."""
     heap, live = node.heap, node.live
     if len(heap) - live > HEAP_STALE_PER_LIVE * live + HEAP_COMPACT_MIN_STALE:
-        node.heap = [entry for entry in heap if entry[3].version == entry[2]]
+        node.heap = [entry for entry in heap if entry[2].version == entry[1]]
         heapq.heapify(node.heap)
 
 
