@@ -12,8 +12,7 @@ from gymnasium import spaces
 from feather_rl import regimes
 from feather_rl.env import OBS_HIGH, OBS_LOW
 from feather_rl.simulator import Regime, Server, StepCosts, simulate
-from feather_sglang.agents.admit import AdmitAgent
-from feather_sglang.agents.base import Action, AgentState
+from feather_sglang.agents.base import Action, AdmitAgent, AgentState
 from feather_sglang.agents.features import OBS_DIM, observe
 from feather_sglang.agents.throughput import ThroughputAgent
 

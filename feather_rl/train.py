@@ -507,7 +507,7 @@ def _untrusted(latest: Path, buffer: Path) -> str | None:
     try:
         with zipfile.ZipFile(latest) as zf:
             meta = json.loads(zf.read(META_MEMBER))
-        check_manifest(latest, meta, str(latest))
+            check_manifest(zf, meta, str(latest))
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
         reason = (
             str(e)

@@ -34,12 +34,13 @@ class PlannerStats:
 
 
 class AdmissionPlanner:
-    """Tracks requests by id and plans each pass's admissions; ``clock`` returns seconds."""
+    """Tracks requests by id and plans each pass's admissions; ``clock`` returns seconds; the
+    ``config``'s agent unless given one."""
 
-    def __init__(self, config: FeatherConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: FeatherConfig, clock=time.monotonic, agent=None) -> None:
         self.config = config
         self.cht = ChunkedHashTree(config.chunk_size)
-        self.agent = make_agent(config)
+        self.agent = agent or make_agent(config)
         self.clock = clock
         # Waiting requests in arrival order -> the time they (re-)entered the queue.
         self._waiting_since: dict[Hashable, float] = {}
@@ -132,7 +133,7 @@ class AdmissionPlanner:
             agent.on_batch_empty()
         # The agent as it was before this plan, for a partly consumed plan (see end_pass).
         self._agent_checkpoint = agent.checkpoint()
-        self._admit_states: list[tuple[Hashable, AgentState]] = []
+        self._admit_states = []
         cached = cached_prefix_tokens if self.config.prefix_leader else None
         planned_tokens = 0  # estimated new prefill tokens of the picks so far
         # One scan of the enqueue order per pass, resumed for each starved group.

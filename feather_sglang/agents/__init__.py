@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from feather_sglang.agents.admit import AdmitAgent
-from feather_sglang.agents.base import Action, AgentState, ServerShape, StopAddAgent  # noqa: F401
+from feather_sglang.agents.base import (  # noqa: F401
+    Action,
+    AdmitAgent,
+    AgentState,
+    ServerShape,
+    StopAddAgent,
+)
 from feather_sglang.agents.learned import DQNAgent, PolicyFileError, PPOAgent  # noqa: F401
 from feather_sglang.agents.online import QLearningAgent, UCBAgent
 from feather_sglang.agents.static import StaticRuleAgent

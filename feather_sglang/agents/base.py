@@ -99,3 +99,22 @@ class StopAddAgent(ABC):
 
     def restore(self, checkpoint: object) -> None:
         vars(self).update(copy.deepcopy(checkpoint))
+
+
+class StatelessAgent(StopAddAgent):
+    """An agent that ``on_admit`` and ``on_batch_empty`` leave unchanged: nothing to checkpoint."""
+
+    def checkpoint(self) -> object:
+        return None
+
+    def restore(self, checkpoint: object) -> None:
+        pass
+
+
+class AdmitAgent(StatelessAgent):
+    """The default: always ADD, in the CHT's order (why: ``docs/design.md``, "The agents")."""
+
+    name = "admit"
+
+    def decide(self, state: AgentState) -> Action:
+        return Action.ADD

@@ -32,24 +32,21 @@ class PolicyFileError(ValueError):
     """A policy file cannot be served; the message says which file and what is wrong."""
 
 
-def manifest_of(path: str | Path) -> dict[str, str]:
-    """SHA-256 of every member of a policy file but the metadata member, which records it."""
-    with zipfile.ZipFile(path) as zf:
-        names = sorted(set(zf.namelist()) - {META_MEMBER})
-        return {n: hashlib.sha256(zf.read(n)).hexdigest() for n in names}
+def manifest_of(zf: zipfile.ZipFile) -> dict[str, str]:
+    """SHA-256 of every member of an open policy file but the metadata member, which records it."""
+    names = sorted(set(zf.namelist()) - {META_MEMBER})
+    return {n: hashlib.sha256(zf.read(n)).hexdigest() for n in names}
 
 
-def check_manifest(path: str | Path, meta: dict, where: str) -> None:
+def check_manifest(zf: zipfile.ZipFile, meta: dict, where: str) -> None:
     """Raise :class:`PolicyFileError` unless the members are those ``meta`` records, none huge."""
-    with zipfile.ZipFile(path) as zf:
-        big = [i.filename for i in zf.infolist() if i.file_size > MAX_MEMBER_BYTES]
+    big = [i.filename for i in zf.infolist() if i.file_size > MAX_MEMBER_BYTES]
     if big:
         raise PolicyFileError(
             f"{where}: member(s) {', '.join(big)} exceed {MAX_MEMBER_BYTES >> 20} MiB; "
             "not a feather-train policy file"
         )
-    recorded = meta.get("manifest")
-    if not isinstance(recorded, dict) or recorded != manifest_of(path):
+    if meta.get("manifest") != manifest_of(zf):
         raise PolicyFileError(
             f"{where}: its members do not match the manifest feather-train records; only "
             "files written by feather-train (and unchanged since) are loaded"
@@ -90,14 +87,13 @@ def load_policy(path: str | Path, algo: str) -> NumpyPolicy:
     if not zipfile.is_zipfile(path):
         raise PolicyFileError(f"{where}: not a Stable-Baselines3 model file (.zip)")
     with zipfile.ZipFile(path) as zf:
-        names = set(zf.namelist())
-        if META_MEMBER not in names:
+        try:
+            meta = json.loads(zf.read(META_MEMBER))
+        except KeyError:
             raise PolicyFileError(
                 f"{where}: has no {META_MEMBER}; only models written by feather-train "
                 "record the observation layout they were trained on"
-            )
-        try:
-            meta = json.loads(zf.read(META_MEMBER))
+            ) from None
         except ValueError as e:
             raise PolicyFileError(f"{where}: {META_MEMBER} is not valid JSON ({e})") from None
         if meta.get("algo") != algo:
@@ -116,13 +112,12 @@ def load_policy(path: str | Path, algo: str) -> NumpyPolicy:
             raise PolicyFileError(
                 f"{where}: unknown activation {activation!r}; allowed: {', '.join(_ACTIVATIONS)}"
             )
-        if WEIGHTS_MEMBER not in names:
+        if WEIGHTS_MEMBER not in zf.namelist():
             raise PolicyFileError(f"{where}: has no {WEIGHTS_MEMBER} (the network's weights)")
-    check_manifest(path, meta, where)
+        check_manifest(zf, meta, where)
+        data = io.BytesIO(zf.read(WEIGHTS_MEMBER))
     import torch  # only here, once, at load time
 
-    with zipfile.ZipFile(path) as zf:
-        data = io.BytesIO(zf.read(WEIGHTS_MEMBER))
     try:
         state_dict = torch.load(data, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file is a start-up error

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from feather_sglang.agents.base import Action, AgentState, ServerShape, StopAddAgent
+from feather_sglang.agents.base import Action, AgentState, ServerShape, StatelessAgent
 
 # Priors for prefix-shared attention (True) or not, measured on a CPU (docs/design.md).
 PRIORS = {True: (0.06, 1e-3, 1.5e-5), False: (0.06, 1e-3, 9e-6)}
@@ -82,8 +82,9 @@ def group_gain(model: StepTimeModel, state: AgentState) -> tuple[int, float]:
     return group_kv, model.throughput(batch + k, now + extra) / before if before else 1.0
 
 
-class ThroughputAgent(StopAddAgent):
-    """ADD while the predicted decode throughput of the batch does not fall."""
+class ThroughputAgent(StatelessAgent):
+    """ADD while the predicted decode throughput of the batch does not fall (its model changes
+    only in ``on_decode_step``, between passes)."""
 
     name = "throughput"
     wants_costs = True
@@ -116,10 +117,3 @@ class ThroughputAgent(StopAddAgent):
             f"({'prefix-shared' if self.model.prefix_shared else 'per-request'} attention, "
             f"{self.model.steps_seen} decode steps seen)"
         )
-
-    # decide() changes nothing; the model changes only in on_decode_step, between passes.
-    def checkpoint(self) -> object:
-        return None
-
-    def restore(self, checkpoint: object) -> None:
-        pass

@@ -34,55 +34,48 @@ def _trace_missing(what: str) -> None:
         print(f"feather sgl_kernel stand-in: missing {what}", file=sys.stderr)
 
 
-def _raising_function(qualname: str):
+def _raising_function(name: str):
     def standin(*args, **kwargs):
         raise SglKernelStandInError(
-            f"{qualname} was called, but this host has feather-sglang's CPU stand-in for "
+            f"sgl_kernel.{name} was called, but this host has feather-sglang's CPU stand-in for "
             "sgl_kernel (the real package needs CUDA or AVX-512/AMX). Use "
             "--attention-backend torch_native (or feather) on CPU, or install the real "
             "sgl_kernel on a GPU host."
         )
 
-    standin.__name__ = qualname.rsplit(".", 1)[-1]
-    standin.__qualname__ = qualname
-    standin.__feather_standin__ = True
+    standin.__name__ = standin.__qualname__ = name
     return standin
 
 
-class _StandInModule(types.ModuleType):
-    """``sgl_kernel`` with only :data:`STANDIN_FUNCTIONS`; other names are missing."""
-
-    def __getattr__(self, name: str):
-        if not name.startswith("__"):
-            _trace_missing(f"name {name!r}")
-        raise AttributeError(
-            f"module 'sgl_kernel' (feather CPU stand-in) has no attribute {name!r}"
-        )
+def _missing_name(name: str):
+    """The stand-in module's ``__getattr__``: other names are missing, so SGLang's fallbacks run."""
+    if not name.startswith("__"):
+        _trace_missing(f"name {name!r}")
+    raise AttributeError(f"module 'sgl_kernel' (feather CPU stand-in) has no attribute {name!r}")
 
 
-class _StandInLoader(importlib.abc.Loader):
-    def create_module(self, spec):
-        module = _StandInModule(spec.name)
-        module.__version__ = STANDIN_VERSION
-        module.__feather_standin__ = True
-        for name in STANDIN_FUNCTIONS:
-            setattr(module, name, _raising_function(f"sgl_kernel.{name}"))
-        return module
-
-    def exec_module(self, module):
-        return None
-
-
-class SglKernelStandInFinder(importlib.abc.MetaPathFinder):
+class SglKernelStandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves ``sgl_kernel`` (not its submodules) from the stand-in; last on ``sys.meta_path``,
     so a real, importable ``sgl_kernel`` always wins."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == STANDIN_MODULE:
-            return importlib.machinery.ModuleSpec(fullname, _StandInLoader())
+            return importlib.machinery.ModuleSpec(fullname, self)
         if fullname.startswith(STANDIN_MODULE + "."):
             _trace_missing(f"submodule {fullname!r}")
         return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__version__ = STANDIN_VERSION
+        module.__feather_standin__ = True
+        module.__getattr__ = _missing_name
+        for name in STANDIN_FUNCTIONS:
+            setattr(module, name, _raising_function(name))
+        return module
+
+    def exec_module(self, module):
+        pass
 
 
 def install() -> bool:

@@ -11,7 +11,7 @@ import msgspec
 
 from feather_sglang.config import FeatherConfig, FeatherConfigError
 from feather_sglang.sglang_integration import refusals, trace
-from feather_sglang.sglang_integration.names import (  # noqa: F401 (feather_config_of: re-exported)
+from feather_sglang.sglang_integration.names import (
     ATTENTION_BACKEND_NAME,
     CONFIG_ATTR,
     POLICY_NAME,
@@ -24,52 +24,26 @@ from feather_sglang.sglang_integration.names import (  # noqa: F401 (feather_con
 logger = logging.getLogger(__name__)
 
 
-def _cpu_defaults(values: dict) -> dict:
-    """The ServerArgs fields the CPU runtime changes on a GPU-less host, given their values now
-    (logged, as it says what it did; an environment variable it sets is set already)."""
-    from feather_sglang.cpu_runtime import server_defaults
-
-    changes = server_defaults(values)
-    if changes:
-        logger.warning(
-            "feather-sglang CPU runtime (no GPU on this host) set %s; pass them explicitly to "
-            "override, or set FEATHER_CPU_RUNTIME_DISABLE=1",
-            ", ".join(f"{k}={v}" for k, v in changes.items()),
-        )
-    return {k: v for k, v in changes.items() if k.islower()}
-
-
-def _warn_ignored(options: list[str], setting: str, policy) -> None:
-    if options and policy != POLICY_NAME:
-        logger.warning(
-            "feather options %s are ignored: %s is %r, not 'feather'",
-            ", ".join(options),
-            setting,
-            policy,
-        )
-
-
-def _settle(server_args, config: FeatherConfig) -> list[str]:
-    """What feather refuses to start with; if nothing, CUDA graphs are turned off for feather's
-    backend (it captures none, as SGLang does for torch_native)."""
+def _configure(server_args, config: FeatherConfig, given: list[str], setting: str) -> list[str]:
+    """Attach ``config`` unless feather refuses ``server_args`` (returns why); warns that a stock
+    policy ignores the ``given`` options; turns CUDA graphs off for feather's backend."""
     problems = startup_refusals(server_args, check_hooks=True, config=config)
-    if (
-        not problems
-        and getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME
-        and not server_args.disable_cuda_graph
-    ):
+    if problems:
+        return problems
+    policy = getattr(server_args, "schedule_policy", None)
+    if given and policy != POLICY_NAME:
+        logger.warning(
+            f"feather options {', '.join(given)} are ignored: {setting} is {policy!r}, not 'feather'"
+        )
+    backend = server_args.attention_backend
+    if backend == ATTENTION_BACKEND_NAME and not server_args.disable_cuda_graph:
         server_args.disable_cuda_graph = True
         logger.warning(
             "CUDA graphs are disabled because of --attention-backend feather (as SGLang does for "
             "torch_native): feather's backend does not capture graphs"
         )
-    return problems
-
-
-def _exit_2(problems: list) -> None:
-    for problem in problems:
-        print(f"error: {problem}", file=sys.stderr)
-    raise SystemExit(2)
+    msgspec.Struct.__setattr__(server_args, CONFIG_ATTR, config)
+    return []
 
 
 def _argparse_type(name: str, check):
@@ -120,19 +94,33 @@ def add_cli_args_after(result, parser: argparse.ArgumentParser):
 def from_cli_args_after(result, cls, args: argparse.Namespace):
     """AFTER hook on ``ServerArgs.from_cli_args``: validate the flags into a FeatherConfig."""
     values = {k: v for k, v in vars(args).items() if k.startswith("feather_")}
+    given = ["--" + k.replace("_", "-") for k, v in values.items() if v is not None]
     try:
         config = FeatherConfig.from_prefixed(values)
+        problems = _configure(result, config, given, "--schedule-policy")
     except FeatherConfigError as exc:
-        _exit_2([exc])
-    problems = _settle(result, config)
+        problems = [exc]
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
     if problems:
-        _exit_2(problems)
-    given = ["--" + k.replace("_", "-") for k, v in values.items() if v is not None]
-    _warn_ignored(given, "--schedule-policy", getattr(result, "schedule_policy", None))
+        raise SystemExit(2)
     for name, value in _cpu_defaults(msgspec.structs.asdict(result)).items():
         setattr(result, name, value)
-    msgspec.Struct.__setattr__(result, CONFIG_ATTR, config)
     return result
+
+
+def _cpu_defaults(values: dict) -> dict:
+    """The ServerArgs fields the CPU runtime changes on a GPU-less host (logged)."""
+    from feather_sglang.cpu_runtime import server_defaults
+
+    changes = server_defaults(values)
+    if changes:
+        logger.warning(
+            "feather-sglang CPU runtime (no GPU on this host) set %s; pass them explicitly to "
+            "override, or set FEATHER_CPU_RUNTIME_DISABLE=1",
+            ", ".join(f"{k}={v}" for k, v in changes.items()),
+        )
+    return {k: v for k, v in changes.items() if k.islower()}  # not the environment variables
 
 
 def startup_refusals(
@@ -143,22 +131,17 @@ def startup_refusals(
     if getattr(server_args, "schedule_policy", None) == POLICY_NAME:
         config = config or feather_config_of(server_args)
         problems += refusals.policy_refusals(server_args, config.agent)
-        if check_hooks and built_in_version() is None:
-            missing = refusals.missing_hooks()
-            if missing:
-                problems.append(
-                    "--schedule-policy feather needs scheduler hooks that SGLang's HookRegistry did "
-                    f"not apply ({', '.join(missing)}); feather-sglang supports sglang "
-                    f"{SGLANG_VERSION} (see the log above for why a hook failed)"
-                )
+        missing = refusals.missing_hooks() if check_hooks and built_in_version() is None else []
+        if missing:
+            problems.append(
+                "--schedule-policy feather needs scheduler hooks that SGLang's HookRegistry did "
+                f"not apply ({', '.join(missing)}); feather-sglang supports sglang "
+                f"{SGLANG_VERSION} (see the log above for why a hook failed)"
+            )
     if getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME:
-        problems += refusals.backend_refusals(
-            server_args, refusals.local_hf_config(server_args.model_path)
-        )
+        problems += refusals.backend_refusals(server_args)
     problem = trace.check_path()
-    if problem:
-        problems.append(problem)
-    return problems
+    return problems + ([problem] if problem else [])
 
 
 def make_engine_server_args_factory(server_args_class):
@@ -168,15 +151,11 @@ def make_engine_server_args_factory(server_args_class):
     def build(**kwargs):
         feather_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("feather_")}
         config = FeatherConfig.from_prefixed(feather_kwargs)  # FeatherConfigError: clear message
-        _warn_ignored(
-            list(feather_kwargs), "schedule_policy", kwargs.get("schedule_policy", "fcfs")
-        )
         kwargs.update(_cpu_defaults(kwargs))
         server_args = server_args_class(**kwargs)
-        problems = _settle(server_args, config)
+        problems = _configure(server_args, config, list(feather_kwargs), "schedule_policy")
         if problems:
             raise FeatherConfigError("; ".join(problems))
-        msgspec.Struct.__setattr__(server_args, CONFIG_ATTR, config)
         return server_args
 
     build.__feather__ = True
@@ -187,6 +166,5 @@ def patch_engine(engine_module) -> None:
     """Install the factory on ``engine_module.Engine`` (idempotent)."""
     engine = engine_module.Engine
     current = engine.__dict__.get("server_args_class")
-    if getattr(getattr(current, "__func__", None), "__feather__", False):
-        return
-    engine.server_args_class = make_engine_server_args_factory(engine.server_args_class)
+    if not getattr(getattr(current, "__func__", None), "__feather__", False):
+        engine.server_args_class = make_engine_server_args_factory(engine.server_args_class)

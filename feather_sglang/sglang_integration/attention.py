@@ -13,6 +13,8 @@ from feather_sglang.sglang_integration.faults import FaultLog
 
 logger = logging.getLogger(__name__)
 BACKEND_NAME = "feather"
+# Positional tensors of torch_native's _run_sdpa_forward_decode/_extend before ``encoder_lens``.
+DECODE_TENSORS, EXTEND_TENSORS = 7, 9
 
 
 class FeatherAttnBackend(TorchNativeAttnBackend):
@@ -51,89 +53,41 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         self.fallen_back = True
         self.faults.record("backend", exc, "torch_native's attention serves from now on")
 
-    def _run_sdpa_forward_decode(
-        self,
-        query,
-        output,
-        k_cache,
-        v_cache,
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        encoder_lens=None,
-        scaling=None,
-        enable_gqa=False,
-        causal=False,
-        is_cross_attn=False,
-        sliding_window_size=None,
-    ):
-        shared = encoder_lens is None and not is_cross_attn and sliding_window_size is None
+    def _run_sdpa_forward_decode(self, *args, **kwargs):
+        stock = super()._run_sdpa_forward_decode
         return self._attend(
-            self._decode_plan if shared else None,
-            dispatch.run_decode,
-            super()._run_sdpa_forward_decode,
-            (query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens),
-            encoder_lens,
-            scaling=scaling,
-            enable_gqa=enable_gqa,
-            causal=causal,
-            is_cross_attn=is_cross_attn,
-            sliding_window_size=sliding_window_size,
+            self._decode_plan, dispatch.run_decode, stock, DECODE_TENSORS, args, kwargs
         )
 
-    def _run_sdpa_forward_extend(
-        self,
-        query,
-        output,
-        k_cache,
-        v_cache,
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        extend_prefix_lens,
-        extend_seq_lens,
-        encoder_lens=None,
-        scaling=None,
-        enable_gqa=False,
-        causal=False,
-        is_cross_attn=False,
-        sliding_window_size=None,
-    ):
-        shared = (
-            causal and encoder_lens is None and not is_cross_attn and sliding_window_size is None
-        )
-        args = query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens
-        return self._attend(
-            self._extend_plan if shared else None,
-            dispatch.run_extend,
-            super()._run_sdpa_forward_extend,
-            (*args, extend_prefix_lens, extend_seq_lens),
-            encoder_lens,
-            scaling=scaling,
-            enable_gqa=enable_gqa,
-            causal=causal,
-            is_cross_attn=is_cross_attn,
-            sliding_window_size=sliding_window_size,
-        )
+    def _run_sdpa_forward_extend(self, *args, **kwargs):
+        stock = super()._run_sdpa_forward_extend
+        plan = self._extend_plan if kwargs.get("causal") else None
+        return self._attend(plan, dispatch.run_extend, stock, EXTEND_TENSORS, args, kwargs)
 
-    def _attend(self, plan, run, stock, args, encoder_lens, scaling, **flags):
-        """The prefix-shared path ``run`` with ``plan``; torch_native's ``stock`` where there is no
-        plan, or after a fault. ``args`` start with the query and the output."""
-        if plan is None:
-            return stock(*args, encoder_lens, scaling=scaling, **flags)
-        scale = scaling if scaling is not None else args[0].shape[-1] ** -0.5
+    def _attend(self, plan, run, stock, n: int, args: tuple, kwargs: dict):
+        """The prefix-shared path ``run`` with ``plan`` on the first ``n`` arguments (the query and
+        the output first); torch_native's ``stock`` without a plan, for what ``run`` does not
+        implement (encoder, cross or sliding-window attention), and after a fault."""
+        encoder_lens = args[n] if len(args) > n else kwargs.get("encoder_lens")
+        if (
+            plan is None
+            or len(args) > n + 1  # a flag passed by position: not how SGLang calls it
+            or encoder_lens is not None
+            or kwargs.get("is_cross_attn")
+            or kwargs.get("sliding_window_size") is not None
+        ):
+            return stock(*args, **kwargs)
+        scaling = kwargs.get("scaling")
         try:
             self.faults.check("backend")
-            run(plan, *args, scale)
+            run(plan, *args[:n], scaling if scaling is not None else args[0].shape[-1] ** -0.5)
         except Exception as exc:  # noqa: BLE001
             self._fall_back(exc)
-            return stock(*args, encoder_lens, scaling=scaling, **flags)
+            return stock(*args, **kwargs)
         return args[1]
 
 
 def register(registry_module) -> None:
     """Run once ``sglang.srt.layers.attention.attention_registry`` is imported."""
     if BACKEND_NAME not in registry_module.ATTENTION_BACKENDS:
-        registry_module.register_attention_backend(BACKEND_NAME)(
-            lambda runner: FeatherAttnBackend(runner)
-        )
+        registry_module.register_attention_backend(BACKEND_NAME)(FeatherAttnBackend)

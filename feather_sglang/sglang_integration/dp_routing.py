@@ -80,9 +80,8 @@ def _dispatch(controller, router: PrefixGroupRouter, req) -> None:
     sock_send(controller.workers[worker], req)
     if sum(router.routed.values()) % 1000 == 0:
         logger.info(
-            "feather prefix-group routing: %s requests per worker, %d followed their group",
-            dict(sorted(router.routed.items())),
-            router.by_group,
+            f"feather prefix-group routing: {dict(sorted(router.routed.items()))} requests per "
+            f"worker, {router.by_group} followed their group"
         )
 
 
@@ -99,9 +98,9 @@ def data_parallel_controller_init_around(original, controller, server_args, *arg
         router = PrefixGroupRouter(feather_config_of(server_args).chunk_size)
         controller.feather_router = router
         controller.dispatching = lambda req: _dispatch(controller, router, req)
+        workers = len(controller.workers)
         logger.info(
-            "feather: data-parallel requests are routed by prefix group (%d workers)",
-            len(controller.workers),
+            f"feather: data-parallel requests are routed by prefix group ({workers} workers)"
         )
     if not routed and getattr(server_args, "schedule_policy", None) != POLICY_NAME:
         return result

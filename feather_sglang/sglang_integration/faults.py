@@ -41,9 +41,8 @@ class FaultInjector:
             return None
         if os.environ.get(ACK_ENV) != ACK_PHRASE:
             logger.warning(
-                "%s is set but %s does not hold the test phrase: fault injection stays off",
-                INJECT_ENV,
-                ACK_ENV,
+                f"{INJECT_ENV} is set but {ACK_ENV} does not hold the test phrase: fault injection "
+                "stays off"
             )
             return None
         injector = cls(spec)

@@ -32,24 +32,16 @@ MAX_SHIFT_SEARCH = 1024
 
 
 class FeatherSchedulePolicy(SchedulePolicy):
-    """SGLang's SchedulePolicy, plus the ``feather`` policy."""
+    """SGLang's SchedulePolicy, plus the ``feather`` policy (with fcfs underneath, for the parts
+    of the scheduler that inspect ``policy.policy``)."""
 
     def __init__(self, policy: str, tree_cache, *args, **kwargs):
-        self.feather: FeatherState | None = None
-        if policy != POLICY_NAME:
-            super().__init__(policy, tree_cache, *args, **kwargs)
-            return
-        # fcfs underneath, for the parts of the scheduler that inspect ``policy.policy``.
-        super().__init__("fcfs", tree_cache, *args, **kwargs)
-        self.feather = FeatherState(tree_cache)
+        feather = policy == POLICY_NAME
+        super().__init__("fcfs" if feather else policy, tree_cache, *args, **kwargs)
+        self.feather = FeatherState(tree_cache) if feather else None
 
     def calc_priority(self, waiting_queue, running_batch=None, processed_tokens: int = 0) -> None:
-        feather = self.feather
-        if (
-            feather is None
-            or feather.stood_down
-            or not feather.safe_order(waiting_queue, running_batch)
-        ):
+        if self.feather is None or not self.feather.safe_order(waiting_queue, running_batch):
             return super().calc_priority(waiting_queue, running_batch, processed_tokens)
         # fcfs's prefix match of every waiting request (O(W x T), for load reports) is skipped.
         self._touch_waiting_prefixes(self.policy, waiting_queue)
@@ -67,8 +59,8 @@ class FeatherState:
         # Counters; ``adopted``: requests queued without the enqueue hook, found at the tail.
         self.passes = self.steps = self.resyncs = self.reindexes = 0
         self.rebuilds = self.reused_rids = self.adopted = 0
-        self.sched_seconds = 0.0  # time in feather's calc_priority (sync + plan + reorder)
-        self.busy_seconds = 0.0  # scheduler loop time between consecutive forward steps
+        # Seconds in feather's calc_priority, and of the scheduler loop between forward steps.
+        self.sched_seconds = self.busy_seconds = 0.0
         self._last_step_start: float | None = None
         self.faults = FaultLog("feather")
         self.stood_down = False  # after a fault that a rebuild could not mend: fcfs for good
@@ -84,11 +76,11 @@ class FeatherState:
         self._synced_running: list | None = None  # running rids as of the last sync
 
     def attach(self, scheduler) -> None:
-        config = feather_config_of(scheduler.server_args)
-        self.scheduler = scheduler
+        self.scheduler, server_args = scheduler, scheduler.server_args
+        config = feather_config_of(server_args)
         # Tensor-parallel ranks admit alike on the first rank's clock, broadcast once per pass.
         self.rank_clock = None
-        if (getattr(scheduler.server_args, "tp_size", 1) or 1) > 1:
+        if (getattr(server_args, "tp_size", 1) or 1) > 1:
             from sglang.srt.distributed.communication_op import attn_cp_tp_broadcast_pyobj
 
             self.rank_clock = SharedClock(attn_cp_tp_broadcast_pyobj)
@@ -100,7 +92,6 @@ class FeatherState:
                 "but requests of a group do not reuse each other's prefix KV (each computes "
                 "it again), and the prefix-leader step is off."
             )
-        server_args = scheduler.server_args
         self.planner.agent.bind_server(
             ServerShape(
                 prefix_shared_attention=server_args.attention_backend == ATTENTION_BACKEND_NAME,
@@ -127,6 +118,8 @@ class FeatherState:
 
     def safe_order(self, waiting_queue: list[Req], running_batch: ScheduleBatch | None) -> bool:
         """:meth:`order`, rebuilding after a fault; False once feather stood down (fcfs runs)."""
+        if self.stood_down:
+            return False
         try:
             if self._dirty:
                 self.rebuild(waiting_queue, running_batch)
@@ -149,9 +142,8 @@ class FeatherState:
     def rebuild(self, waiting_queue: list[Req], running_batch: ScheduleBatch | None) -> None:
         """Feather's state anew from SGLang's queue and batch (the agent is kept)."""
         self.faults.check("rebuild")
-        agent = self.planner.agent
-        self.planner = AdmissionPlanner(self.planner.config, clock=self.planner.clock)
-        self.planner.agent = agent
+        old = self.planner
+        self.planner = AdmissionPlanner(old.config, clock=old.clock, agent=old.agent)
         self._reset()
         running = self._running_reqs(running_batch)
         self._sync_running(running)
@@ -160,20 +152,17 @@ class FeatherState:
         self._dirty = False
         self.rebuilds += 1
         logger.warning(
-            "feather: state rebuilt from the scheduler (%d waiting, %d running; %d rebuilds)",
-            len(waiting_queue),
-            len(running),
-            self.rebuilds,
+            f"feather: state rebuilt from the scheduler ({len(waiting_queue)} waiting, "
+            f"{len(running)} running; {self.rebuilds} rebuilds)"
         )
 
     def stand_down(self) -> None:
         self.stood_down = True
         self._reset()
         logger.error(
-            "feather stands down after %d fault(s) %s: the scheduler runs fcfs for the rest of this "
-            "server's life; restart the server to schedule with feather again",
-            self.faults.total,
-            dict(self.faults.counts),
+            f"feather stands down after {self.faults.total} fault(s) {dict(self.faults.counts)}: "
+            "the scheduler runs fcfs for the rest of this server's life; restart the server to "
+            "schedule with feather again"
         )
 
     # ---- events from the scheduler -------------------------------------------------------
@@ -191,7 +180,7 @@ class FeatherState:
 
     def on_removed(self, req: Req) -> None:
         """SGLang released an aborted request: if it was waiting, forget it now."""
-        if self.reqs.get(req.rid) is req and self.planner.is_waiting(req.rid):
+        if self._known_waiting(req):
             self.planner.forget(req.rid)
             self._forget(req.rid)
             self._shift += 1
@@ -217,21 +206,10 @@ class FeatherState:
         if self.rank_clock is not None:
             self.rank_clock.tick()
         planner, scheduler, reqs = self.planner, self.scheduler, self.reqs
-        if running_batch is None:
+        if running_batch is None:  # not how SGLang calls it: what runs is what the CHT says
             self._sync_running({r: reqs[r] for r in planner.cht.running_ids() if r in reqs})
-            self._synced_running = None
         else:
-            rids = [r.rid for r in running_batch.reqs]
-            if scheduler.chunked_req is not None:
-                rids.append(scheduler.chunked_req.rid)
-            # Often the batch the last pass synced: nothing to sync then.
-            if (
-                rids != self._synced_running
-                or planner.has_pending
-                or len(rids) != planner.cht.num_running
-            ):
-                self._sync_running(self._running_reqs(running_batch))
-                self._synced_running = rids
+            self._sync_running(self._running_reqs(running_batch))
         self._adopt_tail(waiting_queue, len(waiting_queue))
         if len(waiting_queue) != planner.num_waiting:
             self.resyncs += 1
@@ -269,13 +247,22 @@ class FeatherState:
         return running
 
     def _sync_running(self, running: dict) -> None:
-        """Make the CHT's running set ``running`` (rid -> Req)."""
+        """Make the CHT's running set ``running`` (rid -> Req); often it is the batch the last
+        sync made it (decode-only passes, rollbacks): nothing to do then."""
+        rids, planner = list(running), self.planner
+        if (
+            rids == self._synced_running
+            and len(rids) == planner.cht.num_running
+            and not planner.has_pending
+        ):
+            return
         self.reqs.update(running)
         # Forget each sync's departures at once: one may come back as waiting in the next sync.
-        for rid in self.planner.sync_running(
+        for rid in planner.sync_running(
             {rid: (lambda r=r: r.origin_input_ids) for rid, r in running.items()}
         ):
             self._forget(rid)
+        self._synced_running = rids
 
     def _known_waiting(self, req: Req) -> bool:
         return self.reqs.get(req.rid) is req and self.planner.is_waiting(req.rid)
@@ -371,10 +358,8 @@ class FeatherState:
             self.busy_seconds += started - self._last_step_start
         self._last_step_start = started
         self.steps += 1
-        mode = getattr(batch, "forward_mode", None)
-        self.planner.on_step(
-            batch.batch_size(), ended - started, bool(mode is not None and mode.is_decode())
-        )
+        decode = getattr(batch, "forward_mode", None) is not None and batch.forward_mode.is_decode()
+        self.planner.on_step(batch.batch_size(), ended - started, decode)
         if self.steps % max(self.scheduler.server_args.decode_log_interval, 1) == 0:
             self.log_stats()
 
@@ -395,11 +380,9 @@ class FeatherState:
         if nothing_runs and not self._idle_logged and not scheduler.waiting_queue:
             self._idle_logged = True
             logger.info(
-                "feather: idle, tracking %d requests, %d CHT nodes (faults %d, rebuilds %d)",
-                len(self.reqs),
-                self.planner.cht.memory_footprint().nodes,
-                self.faults.total,
-                self.rebuilds,
+                f"feather: idle, tracking {len(self.reqs)} requests, "
+                f"{planner.cht.memory_footprint().nodes} CHT nodes (faults {self.faults.total}, "
+                f"rebuilds {self.rebuilds})"
             )
 
     def log_stats(self) -> None:
@@ -411,12 +394,11 @@ class FeatherState:
             return
         share = f"{100 * seconds / busy:.3f}% of step time" if busy > 0 else "n/a of step time"
         logger.info(
-            "%s",
             f"feather: sched_time={1e3 * seconds / passes:.3f} ms/pass ({share}) passes={passes} "
             f"admitted={s.admitted} rolled_back={s.rolled_back} starved={s.starved} "
             f"stops={s.stops} waiting={self.planner.num_waiting} "
             f"running={self.planner.cht.num_running} resyncs={self.resyncs} "
-            f"reindexes={self.reindexes} faults={self.faults.total} rebuilds={self.rebuilds}",
+            f"reindexes={self.reindexes} faults={self.faults.total} rebuilds={self.rebuilds}"
         )
         learned = self.planner.agent.describe()
         if learned:
@@ -439,6 +421,13 @@ def _feather_state(scheduler) -> FeatherState | None:
     return getattr(getattr(scheduler, "policy", None), "feather", None)
 
 
+def _guarded(scheduler, seam: str, method: str, *args) -> None:
+    """``FeatherState.<method>(*args)`` under :meth:`FeatherState.guarded`, for feather only."""
+    state = _feather_state(scheduler)
+    if state is not None:
+        state.guarded(seam, getattr(state, method), *args)
+
+
 # ---- scheduler hooks (registered by install_hooks from SCHEDULER_HOOKS) ------------------------
 def init_schedule_policy_after(result, scheduler, *args, **kwargs):
     state = _feather_state(scheduler)
@@ -458,51 +447,36 @@ def get_prefill_adder_class_around(original, scheduler, *args, **kwargs):
 
 
 def add_request_to_queue_after(result, scheduler, req, *args, **kwargs):
-    state = _feather_state(scheduler)
     queue = scheduler.waiting_queue
-    if state is not None and queue and queue[-1] is req:
-        state.guarded("enqueue", state.on_enqueue_hooked, queue, req)
+    if queue and queue[-1] is req:
+        _guarded(scheduler, "enqueue", "on_enqueue_hooked", queue, req)
     return result
 
 
 def run_batch_around(original, scheduler, batch, *args, **kwargs):
-    state = _feather_state(scheduler)
-    tracer = trace.tracer()
-    if state is None and tracer is None:
-        return original(scheduler, batch, *args, **kwargs)
     started = time.perf_counter()
     result = original(scheduler, batch, *args, **kwargs)
     ended = time.perf_counter()
-    if state is not None:
-        state.guarded("step", state.on_step, batch, started, ended)
+    _guarded(scheduler, "step", "on_step", batch, started, ended)
+    tracer = trace.tracer()
     if tracer is not None:
-        try:
-            tracer.record(batch, ended - started)
-        except Exception:  # noqa: BLE001 - a trace is never worth the server
-            logger.exception("feather batch trace failed; trace off")
-            trace.disable()
+        tracer.record(batch, ended - started)
     return result
 
 
 def release_aborted_request_after(result, scheduler, req, *args, **kwargs):
-    state = _feather_state(scheduler)
-    if state is not None:
-        state.guarded("abort", state.on_removed, req)
+    _guarded(scheduler, "abort", "on_removed", req)
     return result
 
 
 def on_idle_after(result, scheduler, *args, **kwargs):
-    state = _feather_state(scheduler)
-    if state is not None:
-        state.guarded("step", state.on_idle)
+    _guarded(scheduler, "step", "on_idle")
     return result
 
 
 def get_new_batch_prefill_raw_around(original, scheduler, *args, **kwargs):
     result = original(scheduler, *args, **kwargs)
-    state = _feather_state(scheduler)
-    if state is not None:
-        state.guarded("pass_end", state.on_pass_end, result[0])
+    _guarded(scheduler, "pass_end", "on_pass_end", result[0])
     return result
 
 

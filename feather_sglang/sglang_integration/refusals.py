@@ -47,8 +47,8 @@ def policy_refusals(server_args, agent: str | None = None) -> list[str]:
     return out
 
 
-def backend_refusals(server_args, hf_config: dict | None) -> list[str]:
-    """Why ``--attention-backend feather`` cannot run with these arguments and this model."""
+def backend_refusals(server_args) -> list[str]:
+    """Why ``--attention-backend feather`` cannot run with these arguments and their model."""
     out = []
     kv = str(getattr(server_args, "kv_cache_dtype", "auto") or "auto")
     if kv.startswith(("fp8", "fp4")):
@@ -61,8 +61,7 @@ def backend_refusals(server_args, hf_config: dict | None) -> list[str]:
             f"--attention-backend feather does not support speculative decoding (--speculative-algorithm "
             f"{server_args.speculative_algorithm}): its verify masks are not implemented"
         )
-    out += model_refusals(hf_config)
-    return out
+    return out + model_refusals(local_hf_config(server_args.model_path))
 
 
 def model_refusals(hf_config: dict | None) -> list[str]:

@@ -3,6 +3,7 @@ one JSON line per forward step (its fields: ``docs/benchmarks.md``, "The batch t
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -26,62 +27,52 @@ class BatchTracer:
         self.attn_s = 0.0  # attention time of the step being run
 
     def record(self, batch, step_s: float) -> None:
-        if batch is None or not batch.reqs:
+        """A line for ``batch``'s step; a failure turns the trace off, never the server."""
+        if self._file is None or batch is None or not batch.reqs:
             return
-        mode = batch.forward_mode
-        kind = "decode" if mode.is_decode() else "extend" if mode.is_extend() else None
-        if kind is None:
-            return
-        line = {
-            "t": time.monotonic(),
-            "mode": kind,
-            "rids": [r.rid for r in batch.reqs],
-            "prefix_tokens": common_prefix_len([r.origin_input_ids for r in batch.reqs]),
-            "extend_tokens": int(batch.extend_num_tokens or 0) if kind == "extend" else 0,
-            "sched_s": round(self.sched_s, 7),
-            "step_s": round(step_s, 7),
-            "attn_s": round(self.attn_s, 7),
-        }
-        self._file.write(json.dumps(line) + "\n")
-        self.sched_s = self.attn_s = 0.0
-
-
-_tracer: BatchTracer | None = None
-_failed = False
+        try:
+            mode = batch.forward_mode
+            kind = "decode" if mode.is_decode() else "extend" if mode.is_extend() else None
+            if kind is None:
+                return
+            line = {
+                "t": time.monotonic(),
+                "mode": kind,
+                "rids": [r.rid for r in batch.reqs],
+                "prefix_tokens": common_prefix_len([r.origin_input_ids for r in batch.reqs]),
+                "extend_tokens": int(batch.extend_num_tokens or 0) if kind == "extend" else 0,
+                "sched_s": round(self.sched_s, 7),
+                "step_s": round(step_s, 7),
+                "attn_s": round(self.attn_s, 7),
+            }
+            self._file.write(json.dumps(line) + "\n")
+            self.sched_s = self.attn_s = 0.0
+        except Exception:  # noqa: BLE001
+            logger.exception("feather batch trace failed; trace off")
+            self._file = None
 
 
 def check_path() -> str | None:
     """What is wrong with ``FEATHER_BATCH_TRACE`` (None: unset, or a file that can be appended
     to); checked at start-up so that a bad path stops the launch, not the scheduler."""
     path = os.environ.get(ENV)
-    if not path:
-        return None
     try:
-        with open(path, "a"):
-            pass
+        if path:
+            open(path, "a").close()
     except OSError as e:
         return f"{ENV}={path}: cannot append to it ({e.strerror}); set it to a writable file or unset it"
     return None
 
 
-def disable() -> None:
-    global _tracer, _failed
-    _tracer, _failed = None, True
-
-
+@functools.cache
 def tracer() -> BatchTracer | None:
-    global _tracer, _failed
-    if _tracer is None and not _failed:
-        path = os.environ.get(ENV)
-        if path:
-            try:
-                _tracer = BatchTracer(path)
-            except OSError as e:  # the path went bad after start-up: no trace, no crash
-                _failed = True
-                logger.error(
-                    "%s=%s: cannot append to it (%s); batch trace off", ENV, path, e.strerror
-                )
-    return _tracer
+    """This process's tracer, opened at the first call; None without ``FEATHER_BATCH_TRACE``."""
+    path = os.environ.get(ENV)
+    try:
+        return BatchTracer(path) if path else None
+    except OSError as e:  # the path went bad after start-up: no trace, no crash
+        logger.error("%s=%s: cannot append to it (%s); batch trace off", ENV, path, e.strerror)
+        return None
 
 
 def _adds_elapsed_to(field: str):

@@ -15,7 +15,7 @@ PACKAGES = ("feather_sglang", "feather_kernels", "feather_rl", "feather_bench")
 TOOLING = ("feather_bench", "feather_rl", "scripts")
 PLUGIN_MAX_LINES = 3000
 SCRIPT_MAX_LINES = 150
-SKIP_DIRS = {".venv", "models", "results", ".git", "build", "dist"}
+SKIP_DIRS = {".venv", ".venv-zoo", "models", "results", ".git", "build", "dist"}
 
 
 def _module_name(path: Path) -> str:
@@ -131,9 +131,9 @@ def test_scripts_are_thin_and_import_no_other_script():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="feather_sglang holds about 3,670 lines (ruff-formatted) with its design prose in docs/; "
-    "code and blank lines alone are about 3,340, so the 3,000-line budget needs the code itself "
-    "cut down further",
+    reason="feather_sglang holds about 3,550 lines (ruff-formatted) with its design prose in docs/ "
+    "and its docstrings at one or two lines; the 3,000-line budget needs the code itself cut down "
+    "by a sixth more",
 )
 def test_the_plugin_stays_small():
     lines = sum(len(p.read_text().splitlines()) for p in (REPO / "feather_sglang").rglob("*.py"))

@@ -13,7 +13,7 @@ from feather_sglang.cpu_runtime import sgl_kernel_standin
 
 
 def test_standin_functions_raise_naming_themselves():
-    module = sgl_kernel_standin._StandInLoader().create_module(
+    module = sgl_kernel_standin.SglKernelStandInFinder().create_module(
         __import__("importlib").machinery.ModuleSpec("sgl_kernel", None)
     )
     for name in sgl_kernel_standin.STANDIN_FUNCTIONS:
