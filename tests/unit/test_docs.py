@@ -18,7 +18,7 @@ HISTORY = re.compile(
     re.IGNORECASE,
 )
 HEX = re.compile(r"\b[0-9a-f]{7,40}\b")
-SKIP_DIRS = {".venv", "models", "results", ".git", "build", "dist"}
+SKIP_DIRS = {".venv", ".venv-zoo", "logs", "models", "results", ".git", "build", "dist"}
 COMMIT_COLUMN = {"docs/results.md"}  # its tables name the commit each result was measured on
 
 
