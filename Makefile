@@ -115,9 +115,6 @@ eval: setup
 record: setup
 	OMP_NUM_THREADS=1 .venv/bin/feather-record $(RECORD_ARGS)
 
-# Data-parallel scale-out projected in the simulator: routers x 4-64 workers (docs/scale-out.md)
-.PHONY: bench-scaleout-sim
-SCALEOUT_ARGS ?=
 # rl-zoo3 in an environment of its own (its dependencies conflict with the serving set), the
 # command docs/rl.md gives, then the model it writes as a policy file the server loads.
 rl-zoo: setup
@@ -127,6 +124,9 @@ rl-zoo: setup
 	$(PYTHON) -m feather_rl.policy_file $$(ls -td logs/ppo/feather-Serving-v0_*/ | head -1)feather-Serving-v0.zip logs/zoo-policy.zip
 	.venv/bin/feather-eval --agents static,always-add,ppo:logs/zoo-policy.zip --seeds 1
 
+# Data-parallel scale-out projected in the simulator: routers x 4-64 workers (docs/scale-out.md)
+.PHONY: bench-scaleout-sim
+SCALEOUT_ARGS ?=
 bench-scaleout-sim: setup
 	OMP_NUM_THREADS=1 $(PYTHON) -m feather_rl.scaleout --json results/scaleout/projection.json $(SCALEOUT_ARGS)
 

