@@ -22,12 +22,10 @@ from feather_sglang.chunk_hash import (
     token_bytes,
 )
 
-# A node's heap is rebuilt once its stale entries outnumber its live ones this many times (and
-# are at least the minimum).
+# A node's heap is rebuilt once its stale entries exceed this many per live one + the minimum.
 HEAP_STALE_PER_LIVE = 2
 HEAP_COMPACT_MIN_STALE = 8
-# A heap entry's key is one int, deficit << ARRIVAL_BITS | arrival: least deficit first, then
-# earliest arrival (2**48 arrivals before two could tie).
+# A heap entry's key: deficit << ARRIVAL_BITS | arrival (least deficit, then earliest arrival).
 ARRIVAL_BITS = 48
 # A leaf's children until it has one (most nodes are leaves: one dict fewer each).
 _NO_CHILDREN = types.MappingProxyType({})
@@ -45,9 +43,7 @@ class CandidateView(NamedTuple):
 
     chunks_before: int  # shared-chain length of the running batch now
     chunks_after: int  # shared-chain length if the candidate joined
-    # OTHER waiting requests (candidate excluded) holding the key at level chunks_after - 1,
-    # i.e. that could follow it at the new depth; 0 when chunks_after == 0.
-    waiting: int
+    waiting: int  # OTHER waiting requests holding the key at level chunks_after - 1 (0 at 0)
     deficit: int  # the candidate's chunks that no running request holds
     batch_size: int  # running requests now
 
@@ -58,8 +54,7 @@ class CandidateView(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class MemoryFootprint:
-    """What the CHT holds; all zero once every request has left. Key counts are per key, as if
-    stored one entry per key; ``nodes`` and ``holder_entries`` are what is really allocated."""
+    """What the CHT holds (keys counted one entry per key); all zero once every request has left."""
 
     requests: int
     levels: int  # the deepest level any tracked request reaches, + 1
@@ -68,16 +63,12 @@ class MemoryFootprint:
     reverse_index_holders: int  # sum over keys of the waiting requests holding it
     heap_entries: int  # in every node's heap, live and stale
     nodes: int = 0  # path-compressed nodes (runs of levels with the same holders)
-    holder_entries: int = 0  # sum over nodes of the waiting requests passing through it
     live_heap_entries: int = 0  # one per waiting request, one per node a waiting request passes
-    node_tokens: int = 0  # tokens the nodes can compare (their levels', whoever's prompt they keep)
 
 
 @dataclass(slots=True, eq=False)
 class _Node:
-    """A run of levels ``[start, end)`` that exactly the same requests hold; ``keys[i]`` is the
-    key at level ``start + i``. ``heap`` entries: (key, version, item), live while
-    ``item.version == version``; ``key``: what it posts in its parent's heap (``ARRIVAL_BITS``)."""
+    """Levels ``[start, end)`` that the same requests hold (see ``docs/design.md``)."""
 
     start: int
     end: int
@@ -105,10 +96,7 @@ class _Request:
     leaf: _Node  # the node holding its last key (the root for an empty prompt)
     arrival: int  # arrival sequence number, the tie-break of equal deficits
     state: RequestState = RequestState.WAITING
-    # < 0: its live entry's in its leaf's heap (waiting); > 0: none live, the next is -version.
-    # Small, so no int is allocated for it; negative, so never a node's (comparisons of entries
-    # with equal keys stop at the version).
-    version: int = 1
+    version: int = 1  # < 0: its entry's live in its leaf's heap; > 0: the next is -version
 
 
 class ChunkedHashTree:
@@ -150,17 +138,7 @@ class ChunkedHashTree:
 
     def best(self) -> Hashable | None:
         """Waiting request with the least deficit, earliest arrival first; None if none wait."""
-        return None if (best := self._best()) is None else best[1].rid
-
-    def _best(self) -> tuple[int, _Request] | None:
-        """(deficit, request) of the best waiting request: down the tournament's winners."""
-        entry = _top(self._root)
-        if entry is None:
-            return None
-        deficit, item = entry[0] >> ARRIVAL_BITS, entry[2]
-        while type(item) is _Node:
-            item = _top(item)[2]
-        return deficit, item
+        return None if (best := self.best_view()) is None else best[0]
 
     def shared_chain_len(self) -> int:
         """Leading levels (chunks) whose key every running request holds; 0 if none run."""
@@ -178,23 +156,23 @@ class ChunkedHashTree:
 
     def candidate_view(self, rid: Hashable) -> CandidateView:
         """The agent's view of admitting waiting request ``rid`` (see :class:`CandidateView`)."""
-        return self._view(self._lookup(rid, RequestState.WAITING))
+        request = self._lookup(rid, RequestState.WAITING)
+        return self._view(request, _deficit(request))
 
     def best_view(self) -> tuple[Hashable, CandidateView] | None:
-        """``best()`` and its ``candidate_view`` in one call (the planner's per-pick step)."""
-        best = self._best()
-        if best is None:
+        """``best()`` and its ``candidate_view``: down the tournament's winners."""
+        entry = _top(self._root)
+        if entry is None:
             return None
-        deficit, request = best
-        return request.rid, self._view(request, deficit)
+        item = entry[2]
+        while type(item) is _Node:
+            item = _top(item)[2]
+        return item.rid, self._view(item, entry[0] >> ARRIVAL_BITS)
 
-    def _view(self, request: _Request, deficit: int | None = None) -> CandidateView:
+    def _view(self, request: _Request, deficit: int) -> CandidateView:
         chunks_before = self.shared_chain_len()
         node = self._under_everyone(request.leaf)  # with none running: the leaf
-        # Holders of the key at level chunks_after - 1 are the node's waiting requests.
-        waiting = node.waiting - 1 if node.end else 0  # minus the candidate
-        if deficit is None:
-            deficit = _deficit(request)
+        waiting = node.waiting - 1 if node.end else 0  # the node's, minus the candidate
         return CandidateView(chunks_before, node.end, waiting, deficit, len(self._running))
 
     def waiting_shared_beyond_running(self, rid: Hashable) -> int:
@@ -203,8 +181,7 @@ class ChunkedHashTree:
         return node.end if not node.running else 0
 
     def waiting_group(self, rid: Hashable) -> set[Hashable]:
-        """Ids of waiting ``rid``'s prefix group: the waiting requests through the deepest node of
-        its path that another waiting request shares (``{rid}`` if none)."""
+        """Ids of the waiting requests through the deepest node waiting ``rid`` shares."""
         node = self._deepest_shared_while_waiting(rid)
         if node.parent is None:  # the root: nothing shared
             return {rid}
@@ -228,14 +205,9 @@ class ChunkedHashTree:
         return node
 
     def waiting_share(self, rid: Hashable) -> tuple[int, int]:
-        """(leading chunks of waiting ``rid`` that another waiting request holds, the size of
-        ``waiting_group(rid)``) in one walk up the path, without building the group."""
+        """(leading chunks of ``rid`` another waiting request holds, its group's size)."""
         node = self._deepest_shared_while_waiting(rid)
         return node.end, (1 if node.parent is None else node.waiting)
-
-    def num_chunks(self, rid: Hashable) -> int:
-        """Number of keys (chunks, the last one possibly partial) of ``rid``."""
-        return self._lookup(rid).num_keys
 
     def running_ids(self) -> list[Hashable]:
         """Ids of the running requests (a copy: safe to finish them while iterating)."""
@@ -255,11 +227,7 @@ class ChunkedHashTree:
             reverse_index_holders=sum((n.end - n.start) * n.waiting for n in nodes),
             heap_entries=len(self._root.heap) + sum(len(n.heap) for n in nodes),
             nodes=len(nodes),
-            holder_entries=sum(n.waiting for n in nodes),
             live_heap_entries=self._root.live + sum(n.live for n in nodes),
-            node_tokens=sum(
-                n.stop - n.start * self.chunk_size for n in nodes if n.source is not None
-            ),
         )
 
     def add_waiting(self, rid: Hashable, token_ids: Iterable[int] | np.ndarray) -> None:
@@ -279,8 +247,7 @@ class ChunkedHashTree:
         self._add(rid, keys, keep, len(tokens))
 
     def add_waiting_keys(self, rid: Hashable, keys: Sequence[int]) -> None:
-        """Like :meth:`add_waiting` with precomputed ``chunk_hashes(tokens, chunk_size)``
-        (the nodes it creates keep no tokens, so later prompts hash through them)."""
+        """:meth:`add_waiting` with precomputed ``chunk_hashes`` (its new nodes keep no tokens)."""
         self._check_new(rid)
         self._add(rid, list(keys), None, 0)
 
@@ -361,9 +328,7 @@ class ChunkedHashTree:
         return keys
 
     def _insert_path(self, keys: list[int], source: object = None, num_tokens: int = 0) -> _Node:
-        """The node holding ``keys[-1]`` (the root for no keys), splitting or adding nodes so
-        that the path from the root covers exactly ``keys``; a new node keeps ``source``, the
-        prompt's ``num_tokens`` tokens (None: keys only)."""
+        """The node of ``keys[-1]``, splitting or adding nodes (new ones keep ``source``)."""
         node, level, total = self._root, 0, len(keys)
         while level < total:
             child = node.children.get(keys[level])
@@ -402,8 +367,7 @@ class ChunkedHashTree:
         return upper
 
     def _detach(self, request: _Request) -> None:
-        """``request`` (no longer counted anywhere) leaves the tree: drop the nodes only it
-        held and merge a node left with one child and no request ending in it."""
+        """Uncounted ``request`` leaves: drop the nodes only it held, merge a lone child up."""
         node = request.leaf
         node.ends -= 1
         while not node.ends and not node.children and node.parent is not None:
@@ -448,8 +412,7 @@ class ChunkedHashTree:
         return request
 
     def _shift_working_set(self, request: _Request, step: int) -> None:
-        """Add (step +1) or remove (step -1) a running request's keys to the working set. An
-        admission can only shorten the chain (found on this walk); a departure resets it."""
+        """A running request's keys join (step +1) or leave (-1) the working set and the chain."""
         chain = None
         everyone = len(self._running) if step > 0 else -1
         crossed = []
@@ -534,9 +497,8 @@ def _deficit(request: _Request) -> int:
 def with_costs(
     state, cht: ChunkedHashTree, rid: Hashable, deficit: int, free_slots: int, kv_free: int
 ):
-    """``state`` (an ``AgentState`` for waiting ``rid``) with what the candidate and the running
-    batch cost in tokens, as the CHT sees them (chunks x chunk size; see ``AgentState``)."""
-    chunk, chunks = cht.chunk_size, cht.num_chunks(rid)
+    """``state`` (an ``AgentState`` for waiting ``rid``) with its token costs, as the CHT sees."""
+    chunk, chunks = cht.chunk_size, cht._lookup(rid).num_keys
     shared_depth, group = cht.waiting_share(rid)
     return state._replace(
         group_waiting=group,

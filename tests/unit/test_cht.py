@@ -8,7 +8,7 @@ import pytest
 from feather_sglang.cht import CandidateView, ChunkedHashTree, MemoryFootprint, RequestState
 from feather_sglang.chunk_hash import chunk_hashes
 
-EMPTY_FOOTPRINT = MemoryFootprint(0, 0, 0, 0, 0, 0, 0, 0, 0)
+EMPTY_FOOTPRINT = MemoryFootprint(0, 0, 0, 0, 0, 0, 0, 0)
 
 
 # ----- chunk hashes ----------------------------------------------------------------------

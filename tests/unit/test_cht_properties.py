@@ -207,7 +207,7 @@ def test_tree_matches_brute_force(chunk_size, prefixes, operations):
 
     for rid in list(model.state):
         tree.remove(rid)
-    assert tree.memory_footprint() == type(tree.memory_footprint())(0, 0, 0, 0, 0, 0, 0, 0, 0)
+    assert tree.memory_footprint() == type(tree.memory_footprint())(0, 0, 0, 0, 0, 0, 0, 0)
 
 
 @settings(max_examples=200, deadline=None)
