@@ -32,8 +32,7 @@ MAX_SHIFT_SEARCH = 1024
 
 
 class FeatherSchedulePolicy(SchedulePolicy):
-    """SGLang's SchedulePolicy, plus the ``feather`` policy (with fcfs underneath, for the parts
-    of the scheduler that inspect ``policy.policy``)."""
+    """SGLang's SchedulePolicy plus ``feather`` (fcfs underneath, for code reading ``.policy``)."""
 
     def __init__(self, policy: str, tree_cache, *args, **kwargs):
         feather = policy == POLICY_NAME
@@ -92,30 +91,16 @@ class FeatherState:
                 "but requests of a group do not reuse each other's prefix KV (each computes "
                 "it again), and the prefix-leader step is off."
             )
-        self.planner.agent.bind_server(
-            ServerShape(
-                prefix_shared_attention=server_args.attention_backend == ATTENTION_BACKEND_NAME,
-                max_running_requests=int(getattr(scheduler, "max_running_requests", 0) or 0),
-                kv_capacity_tokens=int(getattr(scheduler, "max_total_num_tokens", 0) or 0),
-                dtype=str(server_args.dtype),
-            )
+        shape = ServerShape(
+            server_args.attention_backend == ATTENTION_BACKEND_NAME,
+            int(getattr(scheduler, "max_running_requests", 0) or 0),
+            int(getattr(scheduler, "max_total_num_tokens", 0) or 0),
+            str(server_args.dtype),
         )
+        self.planner.agent.bind_server(shape)
         logger.info("feather schedule policy: %s", config.as_dict())
 
     # ---- fault containment ---------------------------------------------------------------
-    def guarded(self, seam: str, fn, *args) -> None:
-        """Run a hook; on a fault, log and count it and rebuild at the next pass."""
-        if self.stood_down:
-            return
-        try:
-            self.faults.check(seam)
-            fn(*args)
-        except Exception as exc:  # noqa: BLE001 - no fault of feather's may reach the scheduler
-            self._dirty = True
-            self.faults.record(
-                seam, exc, "feather's state will be rebuilt from the scheduler's queue and batch"
-            )
-
     def safe_order(self, waiting_queue: list[Req], running_batch: ScheduleBatch | None) -> bool:
         """:meth:`order`, rebuilding after a fault; False once feather stood down (fcfs runs)."""
         if self.stood_down:
@@ -247,8 +232,7 @@ class FeatherState:
         return running
 
     def _sync_running(self, running: dict) -> None:
-        """Make the CHT's running set ``running`` (rid -> Req); often it is the batch the last
-        sync made it (decode-only passes, rollbacks): nothing to do then."""
+        """Make the CHT's running set ``running`` (rid -> Req), unless the last sync made it so."""
         rids, planner = list(running), self.planner
         if (
             rids == self._synced_running
@@ -282,8 +266,7 @@ class FeatherState:
         self.on_enqueue(req, len(queue) - 1)
 
     def check_invariants(self, queue: list[Req], running_batch: ScheduleBatch | None) -> None:
-        """``FEATHER_CHECK_INVARIANTS=1``: the queue is the CHT's waiting set plus the plan, the
-        batch plus the plan its running set (``docs/reliability.md``)."""
+        """The queue is the CHT's waiting set + the plan, the batch + the plan its running set."""
         cht, planned = self.planner.cht, set(self.plan_rids)
         queued = {r.rid for r in queue}
         waiting = {rid for rid in self.reqs if self.planner.is_waiting(rid)}
@@ -405,40 +388,45 @@ class FeatherState:
             logger.info("feather agent %s: %s", self.planner.agent.name, learned)
 
 
-def make_prefill_adder_class(state: FeatherState) -> type[PrefillAdder]:
-    """A PrefillAdder that admits only the requests of the current feather plan."""
-
-    class FeatherPrefillAdder(PrefillAdder):
-        def add_one_req(self, req, has_chunked_req, truncation_align_size):
-            if req.rid not in state.plan_rids and not state.stood_down:
-                return AddReqResult.OTHER  # the agent said STOP (or the plan is used up)
-            return super().add_one_req(req, has_chunked_req, truncation_align_size)
-
-    return FeatherPrefillAdder
-
-
 def _feather_state(scheduler) -> FeatherState | None:
     return getattr(getattr(scheduler, "policy", None), "feather", None)
 
 
 def _guarded(scheduler, seam: str, method: str, *args) -> None:
-    """``FeatherState.<method>(*args)`` under :meth:`FeatherState.guarded`, for feather only."""
+    """``FeatherState.<method>(*args)`` for feather; a fault is logged, counted and rebuilt."""
     state = _feather_state(scheduler)
-    if state is not None:
-        state.guarded(seam, getattr(state, method), *args)
+    if state is None or state.stood_down:
+        return
+    try:
+        state.faults.check(seam)
+        getattr(state, method)(*args)
+    except Exception as exc:  # noqa: BLE001 - no fault of feather's may reach the scheduler
+        state._dirty = True
+        state.faults.record(
+            seam, exc, "feather's state will be rebuilt from the scheduler's queue and batch"
+        )
 
 
-# ---- scheduler hooks (registered by install_hooks from SCHEDULER_HOOKS) ------------------------
+# ---- scheduler hooks (SCHEDULER_HOOKS; an AFTER hook returning None keeps the call's result) -----
 def init_schedule_policy_after(result, scheduler, *args, **kwargs):
     state = _feather_state(scheduler)
-    if state is not None:
-        try:
-            state.attach(scheduler)
-        except Exception as exc:  # noqa: BLE001
-            state.faults.record("attach", exc, "feather stands down")
-            state.stand_down()
-        scheduler._feather_adder_class = make_prefill_adder_class(state)
-    return result
+    if state is None:
+        return
+    try:
+        state.attach(scheduler)
+    except Exception as exc:  # noqa: BLE001
+        state.faults.record("attach", exc, "feather stands down")
+        state.stand_down()
+
+    class FeatherPrefillAdder(PrefillAdder):
+        """Admits only the requests of the current feather plan."""
+
+        def add_one_req(self, req, has_chunked_req, truncation_align_size):
+            if req.rid not in state.plan_rids and not state.stood_down:
+                return AddReqResult.OTHER  # the agent said STOP (or the plan is used up)
+            return super().add_one_req(req, has_chunked_req, truncation_align_size)
+
+    scheduler._feather_adder_class = FeatherPrefillAdder
 
 
 def get_prefill_adder_class_around(original, scheduler, *args, **kwargs):
@@ -450,7 +438,6 @@ def add_request_to_queue_after(result, scheduler, req, *args, **kwargs):
     queue = scheduler.waiting_queue
     if queue and queue[-1] is req:
         _guarded(scheduler, "enqueue", "on_enqueue_hooked", queue, req)
-    return result
 
 
 def run_batch_around(original, scheduler, batch, *args, **kwargs):
@@ -466,12 +453,10 @@ def run_batch_around(original, scheduler, batch, *args, **kwargs):
 
 def release_aborted_request_after(result, scheduler, req, *args, **kwargs):
     _guarded(scheduler, "abort", "on_removed", req)
-    return result
 
 
 def on_idle_after(result, scheduler, *args, **kwargs):
     _guarded(scheduler, "step", "on_idle")
-    return result
 
 
 def get_new_batch_prefill_raw_around(original, scheduler, *args, **kwargs):
