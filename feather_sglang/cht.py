@@ -1,5 +1,4 @@
-"""Chunked Hash Tree (CHT): which waiting request best fits the running batch's prefixes (how it
-works: ``docs/design.md``, "The chunked hash tree")."""
+"""Chunked Hash Tree: the waiting request that best fits the running batch (``docs/design.md``)."""
 
 from __future__ import annotations
 

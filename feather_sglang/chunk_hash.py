@@ -1,5 +1,4 @@
-"""Cumulative per-chunk hashes of a token sequence, the keys of the Chunked Hash Tree
-(``docs/design.md``, "Chunk hashes")."""
+"""Cumulative per-chunk hashes of a token sequence, the CHT's keys (``docs/design.md``)."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ _TOKEN_BYTES = _TOKEN_DTYPE.itemsize
 
 
 def token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
-    """The token ids as one buffer of little-endian int64, 8 bytes a token (SGLang's
-    ``array('q')`` is read in place); ``np.frombuffer(token_bytes(ids), "<i8")`` views it."""
+    """The token ids as one buffer of little-endian int64 (an ``array('q')`` read in place)."""
     if isinstance(token_ids, array.array):
         empty = not token_ids
         token_ids = (
@@ -41,8 +39,7 @@ def token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
 
 
 def chunk_hashes(token_ids: Iterable[int] | np.ndarray, chunk_size: int) -> list[int]:
-    """Cumulative 64-bit hashes of ``token_ids`` in chunks of ``chunk_size`` tokens, the last one
-    possibly partial: entry ``i`` covers chunks ``0..i``."""
+    """Cumulative 64-bit hashes of ``token_ids``' chunks: entry ``i`` covers chunks ``0..i``."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 token, got {chunk_size}")
     return hash_chunks_from(token_bytes(token_ids), chunk_size, 0, CHUNK_HASH_ROOT_SEED)
@@ -56,8 +53,7 @@ def hash_chunk(buffer: bytes | memoryview, chunk_size: int, index: int, seed: in
 
 
 def hash_chunks_from(buffer: bytes | memoryview, chunk_size: int, first: int, seed: int) -> list:
-    """The cumulative hashes of chunks ``first, first + 1, ...`` of ``buffer`` (from
-    :func:`token_bytes`); ``seed``: chunk ``first - 1``'s (``CHUNK_HASH_ROOT_SEED`` for 0)."""
+    """The cumulative hashes of ``buffer``'s chunks from ``first``; ``seed``: ``first - 1``'s."""
     chunk_bytes = chunk_size * _TOKEN_BYTES
     digest, hashes, previous = xxhash.xxh3_64_intdigest, [], seed
     for start in range(first * chunk_bytes, len(buffer), chunk_bytes):  # one xxh3 call a chunk

@@ -1,5 +1,4 @@
-"""feather's configuration: one frozen dataclass, validated on construction (the three ways to
-set it: ``docs/design.md``, "Configuration")."""
+"""feather's configuration: one frozen dataclass, validated on construction."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ _LAST = {
 
 
 class _FeatherConfig:
-    """Options of the ``feather`` schedule policy (see README for the why of each default):
-    feather's own, then each agent's (:attr:`StopAddAgent.options`)."""
+    """Options of the ``feather`` schedule policy: feather's own, then each agent's."""
 
     __slots__ = ()
 

@@ -1,5 +1,4 @@
-"""What a feather option is: a dataclass field carrying its check and its help (:func:`opt`), and
-the checks."""
+"""A feather option: a dataclass field with its check and its help (:func:`opt`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One scheduling pass of feather, independent of SGLang's objects (the steps of a pass:
-``docs/design.md``, "The planner")."""
+"""One scheduling pass of feather, independent of SGLang's objects (``docs/design.md``)."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ class PlannerStats:
 
 
 class AdmissionPlanner:
-    """Tracks requests by id and plans each pass's admissions; ``clock`` returns seconds; the
-    ``config``'s agent unless given one."""
+    """Tracks requests by id and plans each pass's admissions (``clock``: seconds)."""
 
     def __init__(self, config: FeatherConfig, clock=time.monotonic, agent=None) -> None:
         self.config = config
@@ -123,9 +121,7 @@ class AdmissionPlanner:
         kv_free_tokens: int | None = None,
         kv_capacity_tokens: int | None = None,
     ) -> Plan:
-        """Choose up to ``max_new`` waiting requests to admit this pass. ``cached_prefix_tokens``
-        (rid -> leading tokens in the radix cache; None: no prefix leader), ``token_budget`` and
-        the KV tokens free and in all: ``docs/design.md``, "The planner"."""
+        """Choose up to ``max_new`` waiting requests to admit this pass (``docs/design.md``)."""
         self.end_pass(())  # a plan the scheduler never consumed is rolled back
         cht, agent, chunk_size = self.cht, self.agent, self.config.chunk_size
         plan = Plan()
@@ -234,9 +230,7 @@ class AdmissionPlanner:
         return drain
 
     def _needs_leader(self, rid, deficit: int, cached_prefix_tokens) -> bool:
-        """True if ``rid`` (with ``deficit`` > 0) shares leading chunks with other waiting
-        requests that are not cached yet (only a shared part beyond the running requests' is
-        looked up); never without ``cached_prefix_tokens``."""
+        """True if ``rid``'s leading chunks shared with other waiting ones are not cached yet."""
         if cached_prefix_tokens is None or deficit <= 0:
             return False
         shared_chunks = self.cht.waiting_shared_beyond_running(rid)
@@ -272,8 +266,7 @@ class AdmissionPlanner:
 
 
 class SharedClock:
-    """The planner's clock for tensor-parallel ranks: the current pass's time as the first rank
-    read it (``tick()`` once per pass; ``broadcast([value])`` returns the first rank's)."""
+    """Tensor-parallel ranks' clock: the pass's time as the first rank read it at ``tick()``."""
 
     def __init__(self, broadcast: Callable[[list], list], local=time.monotonic) -> None:
         self.broadcast, self.local = broadcast, local

@@ -1,5 +1,4 @@
-"""SGLang general-plugin entry point (group ``sglang.srt.plugins``, name ``feather``), called in
-every SGLang process (``sglang.srt.plugins.load_plugins``)."""
+"""SGLang general-plugin entry point (group ``sglang.srt.plugins``, name ``feather``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Stop/add agents by name (``admit``, ``throughput``, ``static``, ``ucb``, ``qlearning``, or
-``name:PATH`` for agents loaded from a file); names re-exported here are the package's API."""
+"""Stop/add agents by name (``name:PATH`` for one loaded from a file); the package's API."""
 
 from __future__ import annotations
 

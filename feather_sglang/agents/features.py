@@ -1,5 +1,4 @@
-"""The observation layout shared by the RL environments and the trained agents (the table of
-fields: ``docs/rl.md``, "The observation")."""
+"""The observation of the RL environments and the trained agents (``docs/rl.md``)."""
 
 from __future__ import annotations
 

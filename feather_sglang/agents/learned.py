@@ -1,5 +1,4 @@
-"""Policies trained offline with Stable-Baselines3, served as a numpy forward pass (the file
-format and its checks: ``docs/rl.md``, "Serving a trained policy")."""
+"""Stable-Baselines3 policies served as a numpy forward pass (the file: ``docs/rl.md``)."""
 
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ def check_manifest(zf: zipfile.ZipFile, meta: dict, where: str) -> None:
 
 @dataclass(frozen=True)
 class NumpyPolicy:
-    """An MLP: ``weights[i]`` of shape (in, out), ``biases[i]`` (out,), ``activation`` between
-    layers; the output has one value per action (logits for PPO, Q-values for DQN)."""
+    """An MLP, ``weights[i]`` (in, out); its output: a logit or Q-value per action."""
 
     algo: str
     weights: tuple[np.ndarray, ...]
@@ -173,8 +171,7 @@ def cached_policy(path: str, algo: str) -> NumpyPolicy:
 
 
 class LearnedAgent(ThroughputAgent):
-    """A trained policy's greedy action (its algorithm: the agent's name); ADD on an empty batch.
-    It keeps the throughput agent's step-time model, whose predicted gain the observation holds."""
+    """A trained policy's greedy action (the throughput agent's model feeds its observation)."""
 
     takes_path = True
 

@@ -1,5 +1,4 @@
-"""The online learners, ``ucb`` (the paper's contextual bandit) and ``qlearning``: they share
-state bins and throughput credit (``docs/design.md``, "The agents")."""
+"""The online learners ``ucb`` (the paper's bandit) and ``qlearning`` (``docs/design.md``)."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def forced_add(state: AgentState) -> bool:
 
 
 class OnlineLearner(StopAddAgent):
-    """Keeps decisions pending and credits them with the throughput of the steps that follow;
-    subclasses implement ``choose`` (binned state -> action) and ``learn`` (decisions, tok/s)."""
+    """Credits pending decisions with the throughput of the steps that follow them."""
 
     def __init__(self, config) -> None:
         super().__init__(config)

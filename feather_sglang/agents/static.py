@@ -7,8 +7,7 @@ from feather_sglang.options import FeatherConfigError, int_opt
 
 
 class StaticRuleAgent(StopAddAgent):
-    """Admit while the shared chain shrinks by a few chunks at most, or the batch is below a floor
-    that grows with homogeneous admissions."""
+    """Admit while the chain shrinks by a few chunks at most, or the batch is below a floor."""
 
     name = "static"
     options = {

@@ -1,5 +1,4 @@
-"""Stop/add agent: admit while the batch's predicted throughput does not fall, by a decode
-step-time model refined online from measured steps (``docs/design.md``, "The agents")."""
+"""Admit while the batch's predicted decode throughput does not fall (``docs/design.md``)."""
 
 from __future__ import annotations
 
@@ -68,8 +67,7 @@ MIN_THROUGHPUT_RATIO = 0.98
 
 
 def group_gain(model: StepTimeModel, state: AgentState) -> tuple[int, float]:
-    """(KV tokens the candidate and its group's followers that fit need, the batch's predicted
-    throughput with them over without them) for a non-empty batch."""
+    """(KV tokens the candidate's group needs, throughput with it / without it); batch > 0."""
     batch = state.batch_size
     k = max(1, min(state.group_waiting, state.free_slots))
     if state.kv_free_tokens >= 0 and state.own_tokens > 0:
@@ -83,8 +81,7 @@ def group_gain(model: StepTimeModel, state: AgentState) -> tuple[int, float]:
 
 
 class ThroughputAgent(StatelessAgent):
-    """ADD while the predicted decode throughput of the batch does not fall (its model changes
-    only in ``on_decode_step``, between passes)."""
+    """ADD while the batch's predicted decode throughput does not fall."""
 
     name = "throughput"
     wants_costs = True

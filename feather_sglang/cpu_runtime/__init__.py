@@ -1,5 +1,4 @@
-"""Everything it takes to run stock SGLang 0.5.23 on a CPU-only host, applied only where no
-accelerator is present (what and why: ``docs/cpu-runtime.md``)."""
+"""What it takes to run stock SGLang 0.5.23 on a CPU-only host (``docs/cpu-runtime.md``)."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ def fastest_cpu_dtype() -> str:
 
 
 def server_defaults(values: dict) -> dict:
-    """{ServerArgs field: new value} this runtime sets on a GPU-less host, given the current
-    values; only settings left at sglang's defaults change (empty with an accelerator)."""
+    """{ServerArgs field: new value} for a GPU-less host; only sglang's defaults change."""
     if (
         accelerator_present()
         or os.environ.get(ENV_DISABLE) == "1"
@@ -85,9 +83,7 @@ def _core_list(cores: list[int]) -> str:
 
 
 def bind_rank_threads_around(original, *args, local_omp_cpuid=None, **kwargs):
-    """AROUND SGLang's CPU thread set-up: SGLang binds a rank to its ``THREADS_BIND_ENV`` share
-    only with its own AMX or arm64 kernels and otherwise leaves every rank on all the cores,
-    where ranks sharing a host oversubscribe them. This binds the rank and sizes torch's pool."""
+    """AROUND SGLang's CPU thread set-up: binds the rank to its share where SGLang does not."""
     original(*args, local_omp_cpuid=local_omp_cpuid, **kwargs)
     from sglang.srt.distributed import bootstrap
 
@@ -117,8 +113,7 @@ _ACCELERATOR_GLOBS = ("davinci[0-9]*", "hl[0-9]*", "mtgpu*", "accel/accel*")
 
 
 def accelerator_present() -> bool:
-    """True if any accelerator SGLang could use is visible: a GPU (:func:`gpu_present`), an
-    Intel GPU on the ``xe`` driver, or the device nodes of ``_ACCELERATOR_GLOBS``."""
+    """True if a GPU, an Intel GPU on ``xe`` or a node of ``_ACCELERATOR_GLOBS`` is visible."""
     if gpu_present():
         return True
     dev = Path("/dev")

@@ -1,5 +1,4 @@
-"""Imported by ``feather_sglang_cpu_runtime.pth`` at interpreter start-up; never breaks Python
-start-up (a failure is reported once and ignored)."""
+"""Imported by ``feather_sglang_cpu_runtime.pth`` at start-up; a failure is only reported."""
 
 try:
     from feather_sglang.cpu_runtime import apply as _apply

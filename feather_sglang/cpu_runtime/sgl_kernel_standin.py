@@ -1,5 +1,4 @@
-"""A stand-in for the ``sgl_kernel`` package on hosts where the real one cannot load: only the
-names SGLang imports, each raising if called (``docs/cpu-runtime.md``)."""
+"""A stand-in ``sgl_kernel`` where the real one cannot load (``docs/cpu-runtime.md``)."""
 
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ def _missing_name(name: str):
 
 
 class SglKernelStandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves ``sgl_kernel`` (not its submodules) from the stand-in; last on ``sys.meta_path``,
-    so a real, importable ``sgl_kernel`` always wins."""
+    """Serves ``sgl_kernel`` (last on ``sys.meta_path``: a real one wins)."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == STANDIN_MODULE:

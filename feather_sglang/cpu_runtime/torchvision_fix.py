@@ -1,5 +1,4 @@
-"""Lets PyPI's torchvision import beside the CPU build of torch: the ``nms``/``qnms`` op schemas
-are defined before its meta registrations run (``docs/cpu-runtime.md``)."""
+"""Lets PyPI's torchvision import beside CPU torch (``docs/cpu-runtime.md``)."""
 
 from __future__ import annotations
 

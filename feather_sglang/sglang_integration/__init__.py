@@ -1,5 +1,4 @@
-"""Where feather touches SGLang (written for and tested against sglang 0.5.23): hooks through
-SGLang's own ``HookRegistry`` only (``docs/design.md``, "Where feather sits in SGLang")."""
+"""Where feather touches SGLang 0.5.23: its ``HookRegistry`` only (``docs/design.md``)."""
 
 from __future__ import annotations
 

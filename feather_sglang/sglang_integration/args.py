@@ -1,5 +1,4 @@
-"""``--feather-*`` command-line flags and ``feather_*`` Engine keyword arguments; the FeatherConfig
-travels on ServerArgs as ``_feather_config`` (``docs/design.md``, "Configuration")."""
+"""``--feather-*`` flags and ``feather_*`` Engine keyword arguments (``docs/design.md``)."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 def _configure(server_args, config: FeatherConfig, given: list[str], setting: str) -> list[str]:
-    """Attach ``config`` unless feather refuses ``server_args`` (returns why); warns that a stock
-    policy ignores the ``given`` options; turns CUDA graphs off for feather's backend."""
+    """Attach ``config`` unless feather refuses ``server_args`` (returns why)."""
     problems = startup_refusals(server_args, check_hooks=True, config=config)
     if problems:
         return problems
@@ -145,8 +143,7 @@ def startup_refusals(
 
 
 def make_engine_server_args_factory(server_args_class):
-    """``Engine.server_args_class`` replacement accepting ``feather_*=`` keyword arguments (why
-    this seam: ``docs/design.md``, "Where feather sits in SGLang")."""
+    """``Engine.server_args_class`` replacement accepting ``feather_*=`` keyword arguments."""
 
     def build(**kwargs):
         feather_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("feather_")}

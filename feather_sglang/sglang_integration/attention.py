@@ -1,5 +1,4 @@
-"""``--attention-backend feather``: torch_native with prefix-shared decode and extend attention
-(how it works: ``docs/attention-backend.md``)."""
+"""``--attention-backend feather``: prefix-shared torch_native (``docs/attention-backend.md``)."""
 
 from __future__ import annotations
 
@@ -65,9 +64,7 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
         return self._attend(plan, dispatch.run_extend, stock, EXTEND_TENSORS, args, kwargs)
 
     def _attend(self, plan, run, stock, n: int, args: tuple, kwargs: dict):
-        """The prefix-shared path ``run`` with ``plan`` on the first ``n`` arguments (the query and
-        the output first); torch_native's ``stock`` without a plan, for what ``run`` does not
-        implement (encoder, cross or sliding-window attention), and after a fault."""
+        """``run`` with ``plan`` on the first ``n`` arguments, else (or after a fault) ``stock``."""
         encoder_lens = args[n] if len(args) > n else kwargs.get("encoder_lens")
         if (
             plan is None

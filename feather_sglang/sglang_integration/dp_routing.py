@@ -1,5 +1,4 @@
-"""``--load-balance-method prefix_group``: SGLang's data-parallel controller routes by prefix
-group (``docs/design.md``, "Data-parallel routing")."""
+"""``--load-balance-method prefix_group``: data-parallel routing by prefix group."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ MAX_CHUNKS = 400  # leading chunks of a prompt considered
 
 
 class PrefixGroupRouter:
-    """Which workers serve each prefix: chunk keys mapped to the workers that serve them (its
-    *homes*), first the one that served it first (``docs/scale-out.md``)."""
+    """Chunk keys mapped to the workers serving them, first first (``docs/scale-out.md``)."""
 
     def __init__(self, chunk_size: int, max_keys: int = MAX_KEYS) -> None:
         self.chunk_size = chunk_size
@@ -118,8 +116,7 @@ def data_parallel_controller_init_around(original, controller, server_args, *arg
 
 
 def _event_loop_sleeping_on_idle(controller) -> None:
-    """SGLang's controller loop under ``--sleep-on-idle``: it waits on its socket (a second at
-    most, for the watchdog) where SGLang's polls it without pause and holds a core when idle."""
+    """SGLang's controller loop, waiting on its socket where SGLang's polls it without pause."""
     import zmq
     from sglang.srt.managers.data_parallel_controller import sock_recv
 

@@ -1,5 +1,4 @@
-"""Fault containment: an exception in feather's code never reaches SGLang's scheduler; fault
-injection for tests (``docs/reliability.md``)."""
+"""Fault containment, and fault injection for tests (``docs/reliability.md``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The names feather registers with SGLang, and where its configuration travels (no imports of
-the hooks, the policy or the argument handling)."""
+"""The names feather registers with SGLang, and where its configuration travels."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``feather`` inside SGLang's scheduler: the policy, the prefill adder and the scheduler hooks
-(the seams, and how feather follows SGLang's queue: ``docs/design.md``, "Where feather sits")."""
+"""``feather`` inside SGLang's scheduler: the policy and its hooks (``docs/design.md``)."""
 
 from __future__ import annotations
 

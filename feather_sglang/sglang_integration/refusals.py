@@ -1,5 +1,4 @@
-"""Server configurations feather does not support, refused at start-up with exit code 2
-(``docs/reliability.md``); each check returns what is wrong and what is allowed."""
+"""Server configurations feather refuses at start-up (``docs/reliability.md``)."""
 
 from __future__ import annotations
 

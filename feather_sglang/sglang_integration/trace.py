@@ -1,5 +1,4 @@
-"""Optional batch trace, for any schedule policy: ``FEATHER_BATCH_TRACE=/path/file.jsonl`` appends
-one JSON line per forward step (its fields: ``docs/benchmarks.md``, "The batch trace")."""
+"""``FEATHER_BATCH_TRACE=FILE``: a JSON line per forward step (``docs/benchmarks.md``)."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ class BatchTracer:
 
 
 def check_path() -> str | None:
-    """What is wrong with ``FEATHER_BATCH_TRACE`` (None: unset, or a file that can be appended
-    to); checked at start-up so that a bad path stops the launch, not the scheduler."""
+    """What is wrong with ``FEATHER_BATCH_TRACE`` at start-up (None: nothing)."""
     path = os.environ.get(ENV)
     try:
         if path:
