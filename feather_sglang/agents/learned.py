@@ -56,20 +56,15 @@ def check_manifest(zf: zipfile.ZipFile, meta: dict, where: str) -> None:
 class NumpyPolicy:
     """An MLP, ``weights[i]`` (in, out); its output: a logit or Q-value per action."""
 
-    algo: str
     weights: tuple[np.ndarray, ...]
     biases: tuple[np.ndarray, ...]
     activation: str
-    meta: dict
 
-    def forward(self, obs: np.ndarray) -> np.ndarray:
+    def act(self, obs: np.ndarray) -> Action:
         act, x = _ACTIVATIONS[self.activation], obs
         for w, b in zip(self.weights[:-1], self.biases[:-1]):
             x = act(x @ w + b)
-        return x @ self.weights[-1] + self.biases[-1]
-
-    def act(self, obs: np.ndarray) -> Action:
-        out = self.forward(obs)
+        out = x @ self.weights[-1] + self.biases[-1]
         return Action.ADD if out[1] >= out[0] else Action.STOP
 
 
@@ -133,12 +128,10 @@ def load_policy(path: str | Path, algo: str) -> NumpyPolicy:
     for a, b in zip(weights, weights[1:]):
         if a.shape[1] != b.shape[0]:
             raise PolicyFileError(f"{where}: layer shapes do not chain: {a.shape} then {b.shape}")
-    return NumpyPolicy(algo, tuple(weights), tuple(biases), activation, meta)
+    return NumpyPolicy(tuple(weights), tuple(biases), activation)
 
 
-def _extract_layers(
-    state_dict: dict, algo: str, where: str
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _extract_layers(state_dict: dict, algo: str, where: str) -> tuple[list, list]:
     hidden, out = _LAYER_PREFIXES[algo]
     weight_keys = [k for k in state_dict if k.startswith(hidden) and k.endswith(".weight")]
     indices = sorted({int(k[len(hidden) :].split(".")[0]) for k in weight_keys})
