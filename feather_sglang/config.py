@@ -72,7 +72,7 @@ class _FeatherConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
-        for cls in agents.agent_classes():
+        for cls in agents.AGENTS.values():
             cls.check_options(self)
 
     @classmethod
@@ -102,7 +102,7 @@ class _FeatherConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-_OPTIONS = _OWN | {k: v for cls in agents.agent_classes() for k, v in cls.options.items()} | _LAST
+_OPTIONS = _OWN | {k: v for cls in agents.AGENTS.values() for k, v in cls.options.items()} | _LAST
 FeatherConfig = dataclasses.make_dataclass(
     "FeatherConfig",
     [(name, type(f.default), f) for name, f in _OPTIONS.items()],

@@ -21,22 +21,17 @@ if TYPE_CHECKING:
 
 # The rules and online learners, then the agents that serve a trained policy file.
 _BUILT_IN = (AdmitAgent, ThroughputAgent, StaticRuleAgent, UCBAgent, QLearningAgent)
-_AGENTS: dict[str, type[StopAddAgent]] = {cls.name: cls for cls in (*_BUILT_IN, PPOAgent, DQNAgent)}
+AGENTS: dict[str, type[StopAddAgent]] = {cls.name: cls for cls in (*_BUILT_IN, PPOAgent, DQNAgent)}
 
 
 def agent_names() -> list[str]:
-    return sorted(_AGENTS)
-
-
-def agent_classes() -> list[type[StopAddAgent]]:
-    """The agent classes, in registration order."""
-    return list(_AGENTS.values())
+    return sorted(AGENTS)
 
 
 def _lookup(spec: str) -> tuple[type[StopAddAgent], str | None]:
     name, colon, path = spec.partition(":") if isinstance(spec, str) else ("", "", "")
-    cls = _AGENTS.get(name)
-    allowed = ", ".join(f"{n}:PATH" if _AGENTS[n].takes_path else n for n in agent_names())
+    cls = AGENTS.get(name)
+    allowed = ", ".join(f"{n}:PATH" if AGENTS[n].takes_path else n for n in agent_names())
     if cls is None:
         raise ValueError(f"unknown agent {spec!r}; allowed: {allowed}")
     if colon and not cls.takes_path:

@@ -55,9 +55,8 @@ class OnlineLearner(StopAddAgent):
     def choose(self, key: tuple[int, int, int]) -> Action: ...
 
     @abstractmethod
-    def learn(
-        self, decisions: list[tuple[tuple[int, int, int], Action]], reward: float
-    ) -> None: ...
+    def learn(self, decisions: list, reward: float) -> None:
+        """Credit ``decisions`` ((binned state, action) pairs) with ``reward`` tokens/s."""
 
     def decide(self, state: AgentState) -> Action:
         if forced_add(state):
@@ -100,10 +99,6 @@ class OnlineLearner(StopAddAgent):
         del self.pending[checkpoint:]
 
 
-def new_table() -> np.ndarray:
-    return np.zeros(TABLE_SHAPE, dtype=np.float64)
-
-
 class UCBAgent(OnlineLearner):
     """Per binned state and action: visit count n and mean reward."""
 
@@ -112,7 +107,7 @@ class UCBAgent(OnlineLearner):
     def __init__(self, config, c: float = UCB_C) -> None:
         super().__init__(config)
         self.c = c
-        self.counts, self.means = new_table(), new_table()
+        self.counts, self.means = np.zeros(TABLE_SHAPE), np.zeros(TABLE_SHAPE)
         self.t = 0
 
     def choose(self, key) -> Action:
@@ -142,7 +137,7 @@ class QLearningAgent(OnlineLearner):
 
     def __init__(self, config, seed: int = QL_SEED) -> None:
         super().__init__(config)
-        self.q, self.visits = new_table(), new_table()
+        self.q, self.visits = np.zeros(TABLE_SHAPE), np.zeros(TABLE_SHAPE)
         self.rng = random.Random(seed)
 
     def choose(self, key) -> Action:
