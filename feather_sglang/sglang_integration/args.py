@@ -56,7 +56,7 @@ def _argparse_type(name: str, check):
 
 
 def add_cli_args_after(result, parser: argparse.ArgumentParser):
-    """AFTER hook on ``ServerArgs.add_cli_args``: list ``feather`` and add ``--feather-*``."""
+    """AFTER hook on ``ServerArgs.add_cli_args`` (its None keeps the result): ``--feather-*``."""
     for action in parser._actions:
         if "--schedule-policy" in action.option_strings and action.choices is not None:
             if POLICY_NAME not in action.choices:
@@ -73,7 +73,7 @@ def add_cli_args_after(result, parser: argparse.ArgumentParser):
                 " already serves its prefix group, while loads stay within bounds."
             )
     if any(a.dest == "feather_chunk_size" for a in parser._actions):
-        return result  # already added (parsers are built more than once in some paths)
+        return  # already added (parsers are built more than once in some paths)
     group = parser.add_argument_group(
         "feather schedule policy", "Options of --schedule-policy feather (feather-sglang plugin)."
     )
@@ -86,7 +86,6 @@ def add_cli_args_after(result, parser: argparse.ArgumentParser):
             type=_argparse_type(field.name, field.metadata["check"]),
             help=f"{field.metadata['help']} Default: {getattr(defaults, field.name)}.",
         )
-    return result
 
 
 def from_cli_args_after(result, cls, args: argparse.Namespace):

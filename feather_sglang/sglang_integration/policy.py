@@ -406,11 +406,11 @@ def _guarded(scheduler, seam: str, method: str, *args) -> None:
         )
 
 
-# ---- scheduler hooks (SCHEDULER_HOOKS; an AFTER hook returning None keeps the call's result) -----
+# ---- scheduler hooks (registered by install_hooks from SCHEDULER_HOOKS) ------------------------
 def init_schedule_policy_after(result, scheduler, *args, **kwargs):
     state = _feather_state(scheduler)
     if state is None:
-        return
+        return result
     try:
         state.attach(scheduler)
     except Exception as exc:  # noqa: BLE001
@@ -426,6 +426,7 @@ def init_schedule_policy_after(result, scheduler, *args, **kwargs):
             return super().add_one_req(req, has_chunked_req, truncation_align_size)
 
     scheduler._feather_adder_class = FeatherPrefillAdder
+    return result
 
 
 def get_prefill_adder_class_around(original, scheduler, *args, **kwargs):
@@ -437,6 +438,7 @@ def add_request_to_queue_after(result, scheduler, req, *args, **kwargs):
     queue = scheduler.waiting_queue
     if queue and queue[-1] is req:
         _guarded(scheduler, "enqueue", "on_enqueue_hooked", queue, req)
+    return result
 
 
 def run_batch_around(original, scheduler, batch, *args, **kwargs):
@@ -452,10 +454,12 @@ def run_batch_around(original, scheduler, batch, *args, **kwargs):
 
 def release_aborted_request_after(result, scheduler, req, *args, **kwargs):
     _guarded(scheduler, "abort", "on_removed", req)
+    return result
 
 
 def on_idle_after(result, scheduler, *args, **kwargs):
     _guarded(scheduler, "step", "on_idle")
+    return result
 
 
 def get_new_batch_prefill_raw_around(original, scheduler, *args, **kwargs):
