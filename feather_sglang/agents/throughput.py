@@ -52,11 +52,9 @@ class StepTimeModel:
         self._xty = FORGET * self._xty + x * seconds
         self._weight = FORGET * self._weight + 1.0
         self.steps_seen += 1
-        if self.steps_seen % REFIT_EVERY == 0:
-            self.refit()
-
-    def refit(self) -> None:
-        # Ridge toward the prior (ones), each held as strongly as PRIOR_WEIGHT average steps.
+        if self.steps_seen % REFIT_EVERY:
+            return
+        # Refit: ridge toward the prior (ones), each held as strongly as PRIOR_WEIGHT average steps.
         reg = np.diag(PRIOR_WEIGHT * np.maximum(np.diag(self._xtx) / self._weight, 1e-12))
         scaled = np.linalg.solve(self._xtx + reg, self._xty + reg @ np.ones(3))
         self.coef = np.maximum(scaled, 0.05) * self._scale  # never a negative or vanishing cost
