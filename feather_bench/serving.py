@@ -175,7 +175,7 @@ def run_config(model: str, policy: str, backend: str, workload: str, args, out_d
             out_dir / f"{workload}.{name}.jsonl",
             workload + " " + name,
         )
-    row = {"config": name, "policy": policy, "attention_backend": backend}
+    row = {"config": name, "policy": policy, "attention_backend": backend, "date": _now()}
     row.update(runs)
     row["server_args"] = extra
     return row
@@ -253,9 +253,10 @@ def summarize(rows: list[dict]) -> dict:
         if ("fcfs", b) in by:
             r["p99_ttft_vs_fcfs"] = r["p99_ttft_ms"] / by[("fcfs", b)]["p99_ttft_ms"]
         texts = r.pop("generated_texts", None)
-        r["outputs_differing_from_first_config"] = (
-            None if ref is None or texts is None else sum(a != b for a, b in zip(ref, texts))
-        )
+        if ref is not None and texts is not None:
+            r["outputs_differing_from_first_config"] = sum(a != b for a, b in zip(ref, texts))
+        else:  # a row kept by --add keeps what its own run found
+            r.setdefault("outputs_differing_from_first_config", None)
     for (p, b), r in by.items():
         if p == "feather":
             out[f"feather+{b}_vs_best_stock_same_backend"] = r.get("vs_best_stock_same_backend")
@@ -347,6 +348,12 @@ def report(out_dir: Path) -> str:
             f"{r['repeats']} runs per server. {m['cpu']}, {m['cores']} cores, "
             f"sglang {m['versions']['sglang']}, torch {m['versions']['torch']}, {r['date'][:10]}, "
             f"commit `{(r['git']['commit'] or 'unknown')[:10]}`."
+            + "".join(
+                f" {row['config']}: an earlier run (`--add`), {row['date'][:10]}, commit "
+                f"`{(row['git']['commit'] or 'unknown')[:10]}`."
+                for row in r["rows"]
+                if "git" in row
+            )
         )
         parts.append(
             f"### {name}: {r['description']}\n\n"
@@ -390,6 +397,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="run nothing: print the tables of the JSON already in --out-dir, as markdown",
     )
+    p.add_argument(
+        "--add",
+        action="store_true",
+        help="keep the configurations of a workload's earlier JSON in --out-dir that this run "
+        "does not repeat (same model, seed and bench_serving flags), e.g. to add a backend",
+    )
     args = p.parse_args(argv)
     for field, allowed in (
         ("workloads", WORKLOADS),
@@ -410,6 +423,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def earlier_rows(path: Path, result: dict, configs: set[str]) -> list[dict]:
+    """``--add``: the rows of ``path`` for configurations not in ``configs``; the earlier run
+    must have measured the same thing (model, seed and bench_serving flags)."""
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    for key in ("model", "seed", "bench_serving_args"):
+        if old.get(key) != result[key]:
+            raise SystemExit(
+                f"--add: {path} was measured with {key}={old.get(key)!r}, this run with "
+                f"{result[key]!r}; rerun every configuration, or use another --out-dir"
+            )
+    return [
+        {"date": old["date"], "git": old["git"], **r}
+        for r in old["rows"]
+        if r["config"] not in configs
+    ]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     out_dir = Path(args.out_dir)
@@ -424,6 +460,7 @@ def main(argv=None) -> int:
             for b in args.backends
             for p in args.policies
         ]
+        path = out_dir / f"{workload}.json"
         result = {
             "workload": workload,
             "description": WORKLOADS[workload][0],
@@ -431,13 +468,13 @@ def main(argv=None) -> int:
             "model": args.model,
             "repeats": args.repeats,
             "seed": args.seed,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": _now(),
             "machine": describe(),
             "git": git,
-            "summary": summarize(rows),
-            "rows": rows,
         }
-        path = out_dir / f"{workload}.json"
+        if args.add:
+            rows = earlier_rows(path, result, {r["config"] for r in rows}) + rows
+        result.update(summary=summarize(rows), rows=rows)
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(
             f"\n## {workload}: {WORKLOADS[workload][0]}\n\n{table(rows)}\n\nwritten: {path}",

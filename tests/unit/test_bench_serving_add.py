@@ -1,0 +1,76 @@
+"""``feather-bench-serving --add``: a later run's configurations join an earlier comparison."""
+
+import json
+
+import pytest
+
+from feather_bench import serving
+
+
+def _row(config, tok_s, date="2026-01-02T00:00:00+00:00"):
+    policy, backend = config.split("+")
+    return {
+        "config": config,
+        "policy": policy,
+        "attention_backend": backend,
+        "date": date,
+        "output_throughput": tok_s,
+        "p99_ttft_ms": 1000.0,
+        "outputs_differing_from_first_config": 3,
+        "server_args": ["--attention-backend", backend],
+    }
+
+
+def _earlier(tmp_path, **overrides):
+    result = {
+        "workload": "memory-bound",
+        "model": "m",
+        "seed": 1,
+        "bench_serving_args": ["--num-prompts", "8"],
+        "date": "2026-01-02T00:00:00+00:00",
+        "git": {"commit": "a" * 40},
+        "rows": [_row("dfs-weight+feather", 10.0), _row("feather+feather", 12.0)],
+    }
+    result.update(overrides)
+    path = tmp_path / "memory-bound.json"
+    path.write_text(json.dumps(result))
+    return path, result
+
+
+def test_add_keeps_the_configurations_this_run_does_not_repeat(tmp_path):
+    path, old = _earlier(tmp_path)
+    now = {k: old[k] for k in ("model", "seed", "bench_serving_args")}
+    kept = serving.earlier_rows(path, now, {"feather+feather", "dfs-weight+torch_native"})
+    assert [r["config"] for r in kept] == ["dfs-weight+feather"]
+    assert kept[0]["git"]["commit"] == "a" * 40 and kept[0]["date"].startswith("2026-01-02")
+    new = _row("feather+feather", 13.0, date="2026-01-03T00:00:00+00:00")
+    new["generated_texts"] = ["x"]
+    rows = kept + [new]
+    serving.summarize(rows)
+    assert rows[1]["vs_best_stock_same_backend"] == pytest.approx(1.3)
+    assert rows[0]["outputs_differing_from_first_config"] == 3  # what its own run found
+
+
+def test_add_refuses_an_earlier_run_of_another_workload_shape(tmp_path):
+    path, old = _earlier(tmp_path, seed=2)
+    now = {"model": "m", "seed": 1, "bench_serving_args": old["bench_serving_args"]}
+    with pytest.raises(SystemExit, match="seed=2"):
+        serving.earlier_rows(path, now, set())
+
+
+def test_the_report_names_the_rows_an_earlier_run_measured(tmp_path):
+    path, old = _earlier(tmp_path)
+    old["rows"][0]["git"] = old["git"]
+    old["git"] = {"commit": "b" * 40}
+    old["machine"] = {"cpu": "CPU", "cores": 2, "versions": {"sglang": "0.5.23", "torch": "2"}}
+    old["description"], old["repeats"] = "a shape", 2
+    for r in old["rows"]:
+        r.update(
+            {k: 1.0 for k in ("median_ttft_ms", "median_tpot_ms", "p99_tpot_ms")},
+            median_itl_ms=1.0,
+            p99_itl_ms=1.0,
+        )
+    path.write_text(json.dumps(old))
+    text = " ".join(serving.report(tmp_path).split())  # the prose is wrapped
+    assert "dfs-weight+feather: an earlier run (`--add`), 2026-01-02, commit `aaaaaaaaaa`" in text
+    assert "feather+feather: an earlier run" not in text
