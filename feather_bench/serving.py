@@ -328,6 +328,14 @@ def headline(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def runs_of(result: dict) -> str:
+    """How many bench_serving runs each row is the median of."""
+    counts = {row["config"]: row.get("runs", result["repeats"]) for row in result["rows"]}
+    most = max(set(counts.values()), key=list(counts.values()).count)
+    others = ", ".join(f"{n} for {c}" for c, n in counts.items() if n != most)
+    return f"medians of {most} runs per server" + (f" ({others})" if others else "")
+
+
 def report(out_dir: Path) -> str:
     """Every workload's table in ``out_dir``, with the command and the machine it ran on."""
     results = [
@@ -344,8 +352,8 @@ def report(out_dir: Path) -> str:
             "--flush-cache --warmup-requests 1"
         )
         where = wrap(
-            f"Servers: `--schedule-policy P --attention-backend B` ({server}); medians of "
-            f"{r['repeats']} runs per server. {m['cpu']}, {m['cores']} cores, "
+            f"Servers: `--schedule-policy P --attention-backend B` ({server}); {runs_of(r)}. "
+            f"{m['cpu']}, {m['cores']} cores, "
             f"sglang {m['versions']['sglang']}, torch {m['versions']['torch']}, {r['date'][:10]}, "
             f"commit `{(r['git']['commit'] or 'unknown')[:10]}`."
             + "".join(

@@ -74,3 +74,9 @@ def test_the_report_names_the_rows_an_earlier_run_measured(tmp_path):
     text = " ".join(serving.report(tmp_path).split())  # the prose is wrapped
     assert "dfs-weight+feather: an earlier run (`--add`), 2026-01-02, commit `aaaaaaaaaa`" in text
     assert "feather+feather: an earlier run" not in text
+
+
+def test_the_report_says_how_many_runs_each_row_is_the_median_of():
+    rows = [{"config": "a", "runs": 2}, {"config": "b", "runs": 2}, {"config": "c", "runs": 1}]
+    assert serving.runs_of({"repeats": 1, "rows": rows}) == "medians of 2 runs per server (1 for c)"
+    assert serving.runs_of({"repeats": 2, "rows": rows[:2]}) == "medians of 2 runs per server"
