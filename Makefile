@@ -18,6 +18,7 @@ help:
 	@echo "make patch-check [SGLANG_TREE=dir] - does patches/ apply to that sglang (default: .venv's)? changes nothing"
 	@echo "make bench-dp - 2 data-parallel feather workers: prefix_group vs round_robin routing (results/dp/)"
 	@echo "make bench-router - 2 feather servers behind sglang-router: cache_aware vs round_robin (results/router/)"
+	@echo "make bench-dp-router - bench-dp then bench-router, back to back (docs/scale-out.md compares them)"
 	@echo "make bench-abort-storm - a live feather server under 10 cycles of 1,000 requests, 30% of clients giving up (results/reliability/)"
 	@echo "make rl-zoo - rl-zoo3 (in .venv-zoo) trains 1,000 steps from feather_rl/hyperparams/ppo.yml; the model becomes a policy file (logs/)"
 	@echo "make bench-scaleout-sim - routers x 4-64 workers, projected in the simulator (results/scaleout/)"
@@ -132,13 +133,16 @@ bench-scaleout-sim: setup
 
 # Two data-parallel feather workers on this host, SGLang's round robin against prefix_group
 # routing, measured with sglang.bench_serving (docs/scale-out.md)
-.PHONY: bench-dp bench-router bench-abort-storm
+.PHONY: bench-dp bench-router bench-dp-router bench-abort-storm
 bench-dp: setup
 	.venv/bin/feather-bench-dp --model models/SmolLM2-135M-Instruct --attention-backend feather --json results/dp/dp.json
 
 # The same workload and client as bench-dp, through sglang-router in front of separate servers
 bench-router: setup
 	.venv/bin/feather-bench-router --model models/SmolLM2-135M-Instruct --server-args "--attention-backend feather" --json results/router/router.json
+
+# Both deployments back to back, for the side-by-side table in docs/scale-out.md
+bench-dp-router: bench-dp bench-router
 
 # A live feather server under clients that give up, reused rids and a small queue cap
 # (docs/reliability.md)
