@@ -463,11 +463,6 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     git = git_state()  # the code the servers run, as it is when they start
     for workload in args.workloads:
-        rows = [
-            run_config(args.model, p, b, workload, args, out_dir)
-            for b in args.backends
-            for p in args.policies
-        ]
         path = out_dir / f"{workload}.json"
         result = {
             "workload": workload,
@@ -476,12 +471,16 @@ def main(argv=None) -> int:
             "model": args.model,
             "repeats": args.repeats,
             "seed": args.seed,
-            "date": _now(),
-            "machine": describe(),
-            "git": git,
         }
-        if args.add:
-            rows = earlier_rows(path, result, {r["config"] for r in rows}) + rows
+        configs = {f"{p}+{b}" for b in args.backends for p in args.policies}
+        kept = earlier_rows(path, result, configs) if args.add else []  # refused before any run
+        rows = [
+            run_config(args.model, p, b, workload, args, out_dir)
+            for b in args.backends
+            for p in args.policies
+        ]
+        rows = kept + rows
+        result.update(date=_now(), machine=describe(), git=git)
         result.update(summary=summarize(rows), rows=rows)
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(
