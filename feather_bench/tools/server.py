@@ -212,11 +212,16 @@ class SGLangServer(_ServerProcess):
         self.killed = False
 
 
+# The routers' packages and the module that launches each one.
+ROUTER_MODULES = {"sglang-router": "sglang_router.launch_router", "smg": "smg.launch_router"}
+
+
 class SGLangRouter(_ServerProcess):
     """``with SGLangRouter([w.url for w in workers], policy="cache_aware") as router: router.url``.
 
-    ``python -m sglang_router.launch_router`` (the ``sglang-router`` package) in front of
-    already running workers; ready once its ``/readiness`` answers 200 (every worker healthy).
+    ``python -m sglang_router.launch_router`` (the ``sglang-router`` package), or with
+    ``router="smg"`` its successor ``python -m smg.launch_router`` (the ``smg`` package), in front
+    of already running workers; ready once its ``/readiness`` answers 200 (every worker healthy).
     Its Prometheus exporter gets a free port too, so that routers started one after another,
     or beside other benchmarks, do not collide on the default one. ``extra_args`` are passed
     through (``--cache-threshold``, ``--balance-abs-threshold``, ...).
@@ -233,7 +238,10 @@ class SGLangRouter(_ServerProcess):
         log_path: str | os.PathLike | None = None,
         ready_timeout_s: float = 120.0,
         env: dict[str, str] | None = None,
+        router: str = "sglang-router",
     ) -> None:
+        if router not in ROUTER_MODULES:
+            raise ValueError(f"router {router!r}: allowed are {', '.join(ROUTER_MODULES)}")
         self.worker_urls = list(worker_urls)
         self.policy = policy
         self.port = port or free_port()
@@ -243,7 +251,7 @@ class SGLangRouter(_ServerProcess):
         self.args = [
             sys.executable,
             "-m",
-            "sglang_router.launch_router",
+            ROUTER_MODULES[router],
             "--host",
             "127.0.0.1",
             "--port",

@@ -61,3 +61,33 @@ def test_each_worker_gets_its_share_of_the_cores_on_a_cpu_host(monkeypatch):
     monkeypatch.setattr(cpu_runtime, "accelerator_present", lambda: True)
     assert router.worker_env(0, 2) == quiet
     assert router.worker_server_args("") == ["--sleep-on-idle"]
+
+
+def test_each_router_is_launched_by_its_own_module_and_offers_its_own_policies(capsys):
+    from feather_bench.tools.server import SGLangRouter
+
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    for name, module in (
+        ("sglang-router", "sglang_router.launch_router"),
+        ("smg", "smg.launch_router"),
+    ):
+        r = SGLangRouter(urls, "round_robin", router=name)
+        assert (
+            r.args[1:3] == ["-m", module] and r.args[r.args.index("--policy") + 1] == "round_robin"
+        )
+    try:
+        SGLangRouter(urls, router="nginx")
+    except ValueError as e:
+        assert "sglang-router, smg" in str(e)
+    else:
+        raise AssertionError("an unknown router was accepted")
+    # prefix_hash is smg's alone: refused for sglang-router, with what sglang-router offers
+    assert "prefix_hash" in router.POLICIES["smg"]
+    try:
+        router.main(["--policies", "prefix_hash"])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("sglang-router was given smg's prefix_hash")
+    err = capsys.readouterr().err
+    assert "unknown to sglang-router: ['prefix_hash']" in err and "power_of_two" in err
