@@ -15,8 +15,8 @@ After each cycle it waits for SGLang's idle check (a leaked KV slot stops the se
 ``/health_generate``, reads feather's idle log line (requests and CHT nodes still tracked) and
 the scheduler process's resident memory, all of it and the part outside its large mappings: the
 KV pool is allocated at start-up but its pages become resident only as requests first write
-them, which shows as growth in the early cycles under any policy. Prints a table and writes JSON with the machine,
-versions, date and commit; exits 1 if a check failed.
+them, which shows as growth in the early cycles under any policy. Prints a table and writes
+JSON with the machine, versions, date and commit; exits 1 if a check failed.
 """
 
 from __future__ import annotations

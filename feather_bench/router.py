@@ -11,8 +11,9 @@ plugin's CPU runtime gives each rank of ``--dp-size N``: its share of the cores
 limits torch's threads where SGLang's CPU kernels are absent) and a 65,536-token KV pool unless
 ``--server-args`` sets ``--max-total-tokens``. For each policy in ``--policies``, one
 ``python -m sglang_router.launch_router --policy P --worker-urls ...`` (``--router smg``:
-``python -m smg.launch_router``) is started in front of them, and ``python -m sglang.bench_serving --base-url ROUTER`` runs feather-bench-dp's
-shared-prefix workload (same arguments and defaults) ``--repeats`` times through it. Before each
+``python -m smg.launch_router``) is started in front of them, and
+``python -m sglang.bench_serving --base-url ROUTER`` runs feather-bench-dp's shared-prefix
+workload (same arguments and defaults) ``--repeats`` times through it. Before each
 run every worker's cache is flushed (``POST /flush_cache`` to each worker); bench_serving then
 sends one warm-up request and flushes through the router, which forwards the flush to every
 worker. Each worker's own log, from that flush on, gives its share: requests admitted, prompt

@@ -3,6 +3,8 @@ servers."""
 
 from __future__ import annotations
 
+import pytest
+
 from feather_bench import router
 from feather_bench.dp import per_worker, spread
 from feather_sglang import cpu_runtime
@@ -75,19 +77,12 @@ def test_each_router_is_launched_by_its_own_module_and_offers_its_own_policies(c
         assert (
             r.args[1:3] == ["-m", module] and r.args[r.args.index("--policy") + 1] == "round_robin"
         )
-    try:
+    with pytest.raises(ValueError, match="sglang-router, smg"):
         SGLangRouter(urls, router="nginx")
-    except ValueError as e:
-        assert "sglang-router, smg" in str(e)
-    else:
-        raise AssertionError("an unknown router was accepted")
     # prefix_hash is smg's alone: refused for sglang-router, with what sglang-router offers
     assert "prefix_hash" in router.POLICIES["smg"]
-    try:
+    with pytest.raises(SystemExit) as refused:
         router.main(["--policies", "prefix_hash"])
-    except SystemExit as e:
-        assert e.code == 2
-    else:
-        raise AssertionError("sglang-router was given smg's prefix_hash")
+    assert refused.value.code == 2
     err = capsys.readouterr().err
     assert "unknown to sglang-router: ['prefix_hash']" in err and "power_of_two" in err
