@@ -36,6 +36,7 @@ class BatchTracer:
                 return
             line = {
                 "t": time.monotonic(),
+                "pid": os.getpid(),  # one scheduler per rank writes to the same file
                 "mode": kind,
                 "rids": [r.rid for r in batch.reqs],
                 "prefix_tokens": common_prefix_len([r.origin_input_ids for r in batch.reqs]),
