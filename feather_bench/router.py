@@ -46,8 +46,18 @@ POLICIES = {
         "power_of_two",
     ),
 }
+# smg writes an SSE comment (": ping") into a stream after 15 s of upstream silence, and
+# bench_serving's sglang client parses every line as JSON: a request queued that long would fail
+# in the client. The flag turns the keep-alive off unless --router-args sets it.
+ROUTER_ARGS = {"sglang-router": (), "smg": ("--sse-keepalive-secs", "0")}
 FLUSHED = "Cache flushed successfully!"  # SGLang's scheduler, after /flush_cache
 READY_TIMEOUT_S = 900  # every worker loads the model on its share of the cores
+
+
+def router_args(router: str, given: str) -> list[str]:
+    """The router's flags: ``given`` (one string), after ``ROUTER_ARGS``' unless it sets them."""
+    extra, defaults = shlex.split(given), ROUTER_ARGS[router]
+    return extra if not defaults or defaults[0] in extra else [*defaults, *extra]
 
 
 def worker_env(index: int, workers: int) -> dict[str, str]:
@@ -148,7 +158,7 @@ def run_policy(policy: str, servers, bench_args, args, out_dir: Path) -> dict:
     router = SGLangRouter(
         urls,
         policy,
-        shlex.split(args.router_args),
+        router_args(args.router, args.router_args),
         log_path=out_dir / f"{policy}.router.log",
         router=args.router,
     )

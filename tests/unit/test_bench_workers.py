@@ -86,3 +86,18 @@ def test_each_router_is_launched_by_its_own_module_and_offers_its_own_policies(c
     assert refused.value.code == 2
     err = capsys.readouterr().err
     assert "unknown to sglang-router: ['prefix_hash']" in err and "power_of_two" in err
+
+
+def test_smg_streams_without_keep_alive_comments_unless_the_user_sets_them():
+    # bench_serving's client parses every streamed line as JSON; smg's ": ping" is not
+    assert router.router_args("smg", "") == ["--sse-keepalive-secs", "0"]
+    assert router.router_args("smg", "--sse-keepalive-secs 5 --cache-threshold 0.5") == [
+        "--sse-keepalive-secs",
+        "5",
+        "--cache-threshold",
+        "0.5",
+    ]
+    assert router.router_args("sglang-router", "--cache-threshold 0.5") == [
+        "--cache-threshold",
+        "0.5",
+    ]
