@@ -13,7 +13,8 @@ from feather_bench import docs
 
 REPO = Path(__file__).resolve().parents[2]
 HISTORY = re.compile(
-    r"\bstop \d+\b|\bissue #?\d+\b|\bsince stop\b|\bfresh clone\b"
+    # "[ ]" is a space: the pattern's own text is then no match of itself
+    r"\bstop[ ]\d+\b|\bissue[ ]#?\d+\b|\bsince[ ]stop\b|\bfresh[ ]clone\b"
     r"|\b\d{1,2}:\d{2}(?::\d{2})?\s?UTC\b",  # a time of day
     re.IGNORECASE,
 )
