@@ -21,10 +21,11 @@ from feather_sglang.chunk_hash import (
     token_bytes,
 )
 
-# A node's heap is rebuilt once its stale entries exceed this many per live one + the minimum.
-HEAP_STALE_PER_LIVE = 2
-HEAP_COMPACT_MIN_STALE = 8
-# A heap entry's key: deficit << ARRIVAL_BITS | arrival (least deficit, then earliest arrival).
+# A node's heap is rebuilt once it holds more than this many entries per child and per request
+# ending there (each has at most one live entry), + the minimum.
+HEAP_ENTRIES_PER_SLOT = 3
+HEAP_MIN_ENTRIES = 8
+# A node's posted key: deficit << ARRIVAL_BITS | arrival (least deficit, then earliest arrival).
 ARRIVAL_BITS = 48
 # A leaf's children until it has one (most nodes are leaves: one dict fewer each).
 _NO_CHILDREN = types.MappingProxyType({})
@@ -65,37 +66,57 @@ class MemoryFootprint:
     live_heap_entries: int = 0  # one per waiting request, one per node a waiting request passes
 
 
-@dataclass(slots=True, eq=False)
-class _Node:
-    """Levels ``[start, end)`` that the same requests hold (see ``docs/design.md``)."""
+class _Unordered:
+    """Heap entries of equal keys compare their items: any order will do."""
 
-    start: int
+    __slots__ = ()
+
+    def __lt__(self, other: object) -> bool:
+        return False
+
+
+@dataclass(slots=True, eq=False)
+class _Node(_Unordered):
+    """Levels ``[end - len(keys), end)`` that the same requests hold (see ``docs/design.md``).
+
+    ``heap`` holds the tournament's entries: ``None``, one entry, or a list kept as a heap. An
+    entry is a child's post ``(key, child)``, live while it is ``child.entry``, or a request
+    ending here (wrapped as ``(arrival, request)`` in a list), live while the request waits
+    (a retracted request may be held twice until the heap is rebuilt).
+    """
+
     end: int
-    keys: "array.array[int] | list[int]"
+    keys: bytes  # the levels' cumulative hashes, native uint64 each
     parent: "_Node | None"
-    # A prompt through it and where the node's tokens end in it; None when built from keys.
-    source: object = None
-    stop: int = 0
+    source: object = None  # a prompt through it (its tokens end at min(end*chunk, len)) or None
     children: "dict[int, _Node]" = field(default_factory=lambda: _NO_CHILDREN)
     running: int = 0  # running requests through this node
     waiting: int = 0  # waiting requests through it
     ends: int = 0  # requests (waiting or running) whose last key is this node's last
-    heap: list = field(default_factory=list)
-    live: int = 0  # live entries in ``heap``
-    key: int | None = None
-    version: int = -1  # of this node's live entry in its parent's heap; -1: none
+    heap: object = None
+    entry: "tuple[int, _Node] | None" = None  # its live post in its parent's heap
+
+    @property
+    def start(self) -> int:
+        return self.end - (len(self.keys) >> 3)
+
+    def key_list(self) -> "memoryview":
+        """The node's keys as ints (level ``start`` first)."""
+        return memoryview(self.keys).cast("Q")
 
 
 @dataclass(slots=True, eq=False)
-class _Request:
-    """One tracked request: its cumulative chunk hashes (level = index) and bookkeeping."""
+class _Request(_Unordered):
+    """One tracked request; its last key is ``leaf``'s last (``leaf.end`` keys in all)."""
 
     rid: Hashable
-    num_keys: int
     leaf: _Node  # the node holding its last key (the root for an empty prompt)
     arrival: int  # arrival sequence number, the tie-break of equal deficits
-    state: RequestState = RequestState.WAITING
-    version: int = 1  # < 0: its entry's live in its leaf's heap; > 0: the next is -version
+    waiting: bool = True
+
+    @property
+    def state(self) -> RequestState:
+        return RequestState.WAITING if self.waiting else RequestState.RUNNING
 
 
 class ChunkedHashTree:
@@ -108,10 +129,8 @@ class ChunkedHashTree:
         self._requests: dict[Hashable, _Request] = {}
         self._running: dict[Hashable, _Request] = {}
         self._num_waiting = 0
-        self._root = _Node(0, 0, [], None)
+        self._root = _Node(0, b"", None)
         self._arrivals = itertools.count()
-        # Nodes' entry versions are unique, so comparing entries never reaches their items.
-        self._versions = itertools.count()
         self._shared_chain: int | None = None  # cached shared-chain length
         # Chunks the running batch attends to: each distinct key once, and per request.
         self.working_set_chunks = 0
@@ -163,10 +182,10 @@ class ChunkedHashTree:
         entry = _top(self._root)
         if entry is None:
             return None
-        item = entry[2]
+        key, item = _key_item(entry)
         while type(item) is _Node:
-            item = _top(item)[2]
-        return item.rid, self._view(item, entry[0] >> ARRIVAL_BITS)
+            item = _key_item(_top(item))[1]
+        return item.rid, self._view(item, key >> ARRIVAL_BITS)
 
     def _view(self, request: _Request, deficit: int) -> CandidateView:
         chunks_before = self.shared_chain_len()
@@ -187,13 +206,12 @@ class ChunkedHashTree:
         group, stack = set(), [node]
         while stack:
             node = stack.pop()
-            for entry in node.heap:
-                item = entry[2]
-                if item.version == entry[1]:
-                    if type(item) is _Node:
-                        stack.append(item)
-                    else:
-                        group.add(item.rid)
+            for entry in _live_entries(node).values():
+                item = _key_item(entry)[1]
+                if type(item) is _Node:
+                    stack.append(item)
+                else:
+                    group.add(item.rid)
         return group
 
     def _deepest_shared_while_waiting(self, rid: Hashable) -> _Node:
@@ -221,12 +239,12 @@ class ChunkedHashTree:
         return MemoryFootprint(
             requests=len(self._requests),
             levels=max((n.end for n in nodes), default=0),
-            working_set_keys=sum(n.end - n.start for n in nodes if n.running),
-            reverse_index_keys=sum(n.end - n.start for n in nodes if n.waiting),
-            reverse_index_holders=sum((n.end - n.start) * n.waiting for n in nodes),
-            heap_entries=len(self._root.heap) + sum(len(n.heap) for n in nodes),
+            working_set_keys=sum(len(n.keys) >> 3 for n in nodes if n.running),
+            reverse_index_keys=sum(len(n.keys) >> 3 for n in nodes if n.waiting),
+            reverse_index_holders=sum((len(n.keys) >> 3) * n.waiting for n in nodes),
+            heap_entries=sum(len(_entries(n)) for n in [self._root, *nodes]),
             nodes=len(nodes),
-            live_heap_entries=self._root.live + sum(n.live for n in nodes),
+            live_heap_entries=sum(len(_live_entries(n)) for n in [self._root, *nodes]),
         )
 
     def add_waiting(self, rid: Hashable, token_ids: Iterable[int] | np.ndarray) -> None:
@@ -242,29 +260,28 @@ class ChunkedHashTree:
             and token_ids.itemsize == 8
             and sys.byteorder == "little"
         )
-        keep = token_ids if in_place else tokens
-        self._add(rid, keys, keep, len(tokens))
+        self._add(rid, keys, token_ids if in_place else tokens)
 
     def add_waiting_keys(self, rid: Hashable, keys: Sequence[int]) -> None:
         """:meth:`add_waiting` with precomputed ``chunk_hashes`` (its new nodes keep no tokens)."""
         self._check_new(rid)
-        self._add(rid, list(keys), None, 0)
+        self._add(rid, list(keys), None)
 
     def _check_new(self, rid: Hashable) -> None:
         if rid in self._requests:
             raise ValueError(f"request {rid!r} is already tracked ({self._requests[rid].state})")
 
-    def _add(self, rid: Hashable, keys: list[int], source: object, num_tokens: int) -> None:
-        leaf = self._insert_path(keys, source, num_tokens)
+    def _add(self, rid: Hashable, keys: list[int], source: object) -> None:
+        leaf = self._insert_path(keys, source)
         leaf.ends += 1
-        request = self._requests[rid] = _Request(rid, len(keys), leaf, next(self._arrivals))
-        self._enter_waiting(request)
+        request = self._requests[rid] = _Request(rid, leaf, next(self._arrivals))
+        _push(leaf, request)
+        self._count_waiting(leaf, +1)
 
     def admit(self, rid: Hashable) -> None:
         """Waiting -> running: its keys join the working set."""
         request = self._lookup(rid, RequestState.WAITING)
         self._leave_waiting(request)
-        request.state = RequestState.RUNNING
         self._running[rid] = request
         self._shift_working_set(request, +1)
 
@@ -275,7 +292,11 @@ class ChunkedHashTree:
 
     def retract(self, rid: Hashable) -> None:
         """Running -> waiting (SGLang retracts under memory pressure); keeps its arrival."""
-        self._enter_waiting(self._leave_running(rid))
+        request = self._leave_running(rid)
+        request.waiting = True
+        if request.leaf.heap is not request:  # else its stale entry is live again
+            _push(request.leaf, request)
+        self._count_waiting(request.leaf, +1)
 
     def remove_waiting(self, rid: Hashable) -> None:
         """Waiting -> gone (aborted before admission); its heap entry becomes stale."""
@@ -295,7 +316,7 @@ class ChunkedHashTree:
         request = self._requests.get(rid)
         if request is None:
             raise KeyError(f"request {rid!r} is not tracked by the chunked hash tree")
-        if expected is not None and request.state is not expected:
+        if expected is not None and request.waiting != (expected is RequestState.WAITING):
             raise ValueError(f"request {rid!r} is {request.state.value}, expected {expected.value}")
         return request
 
@@ -314,33 +335,31 @@ class ChunkedHashTree:
             child = node.children.get(key)
             if child is None or child.source is None:
                 break
-            stop = child.stop  # the child's end, in tokens
+            stop = min(child.end * chunk, len(child.source))  # the child's end, in tokens
             # The child's chunks are the prompt's if the tokens and the last chunk's length match.
             if stop > total_tokens or (stop != total_tokens and stop != child.end * chunk):
                 break
             theirs = np.frombuffer(child.source, dtype="<i8")  # an ndarray or an array('q')
             if not np.array_equal(tokens[level * chunk : stop], theirs[level * chunk : stop]):
                 break
-            keys.extend(child.keys[1:])
+            keys.extend(child.key_list()[1:])
             seed, node, level = keys[-1], child, child.end
         keys.extend(hash_chunks_from(buffer, chunk, level, seed))
         return keys
 
-    def _insert_path(self, keys: list[int], source: object = None, num_tokens: int = 0) -> _Node:
+    def _insert_path(self, keys: list[int], source: object = None) -> _Node:
         """The node of ``keys[-1]``, splitting or adding nodes (new ones keep ``source``)."""
         node, level, total = self._root, 0, len(keys)
         while level < total:
             child = node.children.get(keys[level])
             if child is None:
-                child = _Node(
-                    level, total, array.array("Q", keys[level:]), node, source, num_tokens
-                )
+                child = _Node(total, array.array("Q", keys[level:]).tobytes(), node, source)
                 if node.children is _NO_CHILDREN:
                     node.children = {}
                 node.children[keys[level]] = child
                 return child
             # Equal cumulative hashes at a level are equal above it: bisect the first difference.
-            start, child_keys = child.start, child.keys
+            start, child_keys = child.start, child.key_list()
             low, high = level + 1, min(child.end, total)
             while low < high:
                 mid = (low + high) // 2
@@ -355,12 +374,12 @@ class ChunkedHashTree:
 
     def _split(self, node: _Node, level: int) -> _Node:
         """Cut ``node`` before ``level``; the new upper part is returned, ``node`` stays a leaf."""
-        cut, parent, stop = level - node.start, node.parent, level * self.chunk_size
-        upper = _Node(node.start, level, node.keys[:cut], parent, node.source, stop)
+        cut, parent, keys = (level - node.start) << 3, node.parent, node.key_list()
+        upper = _Node(level, node.keys[:cut], parent, node.source)
         upper.running, upper.waiting = node.running, node.waiting
-        upper.children = {node.keys[cut]: node}
-        parent.children[node.keys[0]] = upper
-        node.start, node.keys, node.parent = level, node.keys[cut:], upper
+        upper.children = {keys[cut >> 3]: node}
+        parent.children[keys[0]] = upper
+        node.keys, node.parent = node.keys[cut:], upper
         self._unpost(node, parent)
         self._refresh(node)
         return upper
@@ -369,28 +388,23 @@ class ChunkedHashTree:
         """Uncounted ``request`` leaves: drop the nodes only it held, merge a lone child up."""
         node = request.leaf
         node.ends -= 1
+        _compact_if_stale(node)
         while not node.ends and not node.children and node.parent is not None:
-            del node.parent.children[node.keys[0]]
+            del node.parent.children[node.key_list()[0]]
             self._unpost(node, node.parent)
             node = node.parent
         if not node.ends and len(node.children) == 1 and node.parent is not None:
             (child,) = node.children.values()
             parent = node.parent
-            child.start, child.keys, child.parent = node.start, node.keys + child.keys, parent
-            parent.children[node.keys[0]] = child
+            child.keys, child.parent = node.keys + child.keys, parent
+            parent.children[node.key_list()[0]] = child
             self._unpost(node, parent)
-            child.key, child.version = None, -1  # its entry was in the merged node's heap
+            child.entry = None  # its entry was in the merged node's heap
             self._refresh(child)
 
     # ---- counts and deficits -------------------------------------------------------------
-    def _enter_waiting(self, request: _Request) -> None:
-        request.state = RequestState.WAITING
-        request.version = -request.version
-        heapq.heappush(request.leaf.heap, (request.arrival, request.version, request))
-        self._count_waiting(request.leaf, +1)
-
     def _leave_waiting(self, request: _Request) -> None:
-        request.version = 1 - request.version  # its heap entry is now stale
+        request.waiting = False  # its heap entry is now stale
         self._count_waiting(request.leaf, -1)
 
     def _count_waiting(self, leaf: _Node, step: int) -> None:
@@ -400,8 +414,6 @@ class ChunkedHashTree:
             node.waiting += step
             node = node.parent
         self._num_waiting += step
-        leaf.live += step
-        _compact_if_stale(leaf)
         self._refresh(leaf)
 
     def _leave_running(self, rid: Hashable) -> _Request:
@@ -415,13 +427,13 @@ class ChunkedHashTree:
         chain = None
         everyone = len(self._running) if step > 0 else -1
         crossed = []
-        self.running_chunks += step * request.num_keys
+        self.running_chunks += step * request.leaf.end
         node = request.leaf
         while node.parent is not None:
             previous = node.running
             node.running = running = previous + step
             if previous == 0 or running == 0:
-                self.working_set_chunks += step * (node.end - node.start)
+                self.working_set_chunks += step * (len(node.keys) >> 3)
                 if node.waiting:
                     crossed.append(node)
             if chain is None and running == everyone:
@@ -434,52 +446,87 @@ class ChunkedHashTree:
     def _refresh(self, node: _Node) -> None:
         """Re-post ``node``'s key in its parent's heap, and climb while the posted keys change."""
         while node.parent is not None:
-            top = _top(node)
+            top, entry = _top(node), node.entry
             key = (
                 None
                 if top is None
-                else top[0] + (0 if node.running else (node.end - node.start) << ARRIVAL_BITS)
+                else _key_item(top)[0]
+                + (0 if node.running else (len(node.keys) >> 3) << ARRIVAL_BITS)
             )
-            if key == node.key:
+            if key == (None if entry is None else entry[0]):
                 return
             parent = node.parent
-            if key is None:  # it had one
-                parent.live -= 1
-                node.version = -1
-            else:
-                parent.live += node.key is None
-                node.version = next(self._versions)
-                heapq.heappush(parent.heap, (key, node.version, node))
-            node.key = key
-            _compact_if_stale(parent)
+            node.entry = None if key is None else (key, node)
+            if key is not None:
+                _push(parent, node.entry)
             node = parent
         _top(node)  # the root: drop stale entries now, so that an empty tree holds none
 
     @staticmethod
     def _unpost(node: _Node, parent: _Node) -> None:
         """``node``'s entry in ``parent``'s heap becomes stale (it moves or goes)."""
-        if node.key is not None:
-            parent.live -= 1
-            _compact_if_stale(parent)
-        node.key, node.version = None, -1
+        node.entry = None
+        _compact_if_stale(parent)
 
 
-def _top(node: _Node) -> tuple | None:
+def _is_live(entry) -> bool:
+    """Whether a heap entry (see :class:`_Node`) is live."""
+    if type(entry) is _Request:
+        return entry.waiting
+    item = entry[1]
+    return item.waiting if type(item) is _Request else item.entry is entry
+
+
+def _key_item(entry) -> tuple:
+    """A heap entry's (key, item)."""
+    return (entry.arrival, entry) if type(entry) is _Request else entry
+
+
+def _entries(node: _Node) -> list:
+    heap = node.heap
+    return heap if type(heap) is list else [] if heap is None else [heap]
+
+
+def _live_entries(node: _Node) -> dict:
+    """The live entries of ``node``'s heap by their item's id (a request held twice: once)."""
+    return {id(_key_item(entry)[1]): entry for entry in _entries(node) if _is_live(entry)}
+
+
+def _push(node: _Node, entry) -> None:
+    """Add ``entry`` to ``node``'s heap: held alone while it is the only one."""
+    heap = node.heap
+    if type(heap) is list:
+        heapq.heappush(heap, _key_item(entry))
+        _compact_if_stale(node)
+    elif heap is None or not _is_live(heap):
+        node.heap = entry
+    else:
+        node.heap = [_key_item(heap), _key_item(entry)]
+        heapq.heapify(node.heap)
+
+
+def _top(node: _Node):
     """The best live entry of ``node``'s heap (stale ones on top are dropped); None if none."""
     heap = node.heap
+    if type(heap) is not list:
+        if heap is not None and not _is_live(heap):
+            node.heap = heap = None
+        return heap
     while heap:
-        entry = heap[0]
-        if entry[2].version == entry[1]:
-            return entry
+        if _is_live(heap[0]):
+            return heap[0]
         heapq.heappop(heap)
+    node.heap = None
     return None
 
 
 def _compact_if_stale(node: _Node) -> None:
-    """Keep ``node``'s heap <= (1 + HEAP_STALE_PER_LIVE) * live + HEAP_COMPACT_MIN_STALE."""
-    heap, live = node.heap, node.live
-    if len(heap) - live > HEAP_STALE_PER_LIVE * live + HEAP_COMPACT_MIN_STALE:
-        node.heap = [entry for entry in heap if entry[2].version == entry[1]]
+    """Keep ``node``'s heap within HEAP_ENTRIES_PER_SLOT per child and per request ending there
+    (+ HEAP_MIN_ENTRIES): rebuilt from its live entries when it grows past that."""
+    heap = node.heap
+    slots = len(node.children) + node.ends
+    if type(heap) is list and len(heap) > HEAP_ENTRIES_PER_SLOT * slots + HEAP_MIN_ENTRIES:
+        node.heap = list(_live_entries(node).values())
         heapq.heapify(node.heap)
 
 
@@ -488,7 +535,7 @@ def _deficit(request: _Request) -> int:
     missing, node = 0, request.leaf
     while node.parent is not None:
         if not node.running:
-            missing += node.end - node.start
+            missing += len(node.keys) >> 3
         node = node.parent
     return missing
 
@@ -497,7 +544,7 @@ def with_costs(
     state, cht: ChunkedHashTree, rid: Hashable, deficit: int, free_slots: int, kv_free: int
 ):
     """``state`` (an ``AgentState`` for waiting ``rid``) with its token costs, as the CHT sees."""
-    chunk, chunks = cht.chunk_size, cht._lookup(rid).num_keys
+    chunk, chunks = cht.chunk_size, cht._lookup(rid).leaf.end
     shared_depth, group = cht.waiting_share(rid)
     return state._replace(
         group_waiting=group,

@@ -12,6 +12,9 @@ import xxhash
 # Seed of chunk 0: non-zero, so chunk 0's hash is not the plain unseeded xxh3 of its bytes.
 CHUNK_HASH_ROOT_SEED = 0x6665617468657221  # b"feather!"
 
+# Keys keep xxh3-64's low 60 bits: CPython holds an int below 2**60 in 32 bytes, not 36.
+KEY_MASK = (1 << 60) - 1
+
 _TOKEN_DTYPE = np.dtype("<i8")
 _TOKEN_BYTES = _TOKEN_DTYPE.itemsize
 
@@ -39,7 +42,7 @@ def token_bytes(token_ids: Iterable[int] | np.ndarray) -> bytes | memoryview:
 
 
 def chunk_hashes(token_ids: Iterable[int] | np.ndarray, chunk_size: int) -> list[int]:
-    """Cumulative 64-bit hashes of ``token_ids``' chunks: entry ``i`` covers chunks ``0..i``."""
+    """Cumulative 60-bit hashes of ``token_ids``' chunks: entry ``i`` covers chunks ``0..i``."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 token, got {chunk_size}")
     return hash_chunks_from(token_bytes(token_ids), chunk_size, 0, CHUNK_HASH_ROOT_SEED)
@@ -49,7 +52,7 @@ def hash_chunk(buffer: bytes | memoryview, chunk_size: int, index: int, seed: in
     """The cumulative hash of chunk ``index`` of ``buffer``; ``seed``: chunk ``index - 1``'s."""
     chunk_bytes = chunk_size * _TOKEN_BYTES
     start = index * chunk_bytes
-    return xxhash.xxh3_64_intdigest(buffer[start : start + chunk_bytes], seed=seed)
+    return xxhash.xxh3_64_intdigest(buffer[start : start + chunk_bytes], seed=seed) & KEY_MASK
 
 
 def hash_chunks_from(buffer: bytes | memoryview, chunk_size: int, first: int, seed: int) -> list:
@@ -57,6 +60,6 @@ def hash_chunks_from(buffer: bytes | memoryview, chunk_size: int, first: int, se
     chunk_bytes = chunk_size * _TOKEN_BYTES
     digest, hashes, previous = xxhash.xxh3_64_intdigest, [], seed
     for start in range(first * chunk_bytes, len(buffer), chunk_bytes):  # one xxh3 call a chunk
-        previous = digest(buffer[start : start + chunk_bytes], seed=previous)
+        previous = digest(buffer[start : start + chunk_bytes], seed=previous) & KEY_MASK
         hashes.append(previous)
     return hashes

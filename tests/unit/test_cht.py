@@ -267,6 +267,25 @@ def test_heap_stays_bounded_under_churn(tree):
     assert tree.best() == "runner"  # deficit 2 against 3 for the w's
 
 
+def test_identical_prompts_retracted_out_of_order_stay_bounded_and_ordered(tree):
+    # Identical prompts end at one node; admitting and retracting one that is not the best
+    # leaves its stale entry under the top, and the retraction may hold it twice until the
+    # heap is rebuilt: the heap stays bounded and the order stays arrival order.
+    for i in range(20):
+        tree.add_waiting(i, prompt(A, B))
+    for _ in range(500):
+        for rid in (7, 13):
+            tree.admit(rid)
+            tree.retract(rid)
+        assert tree.memory_footprint().heap_entries <= 3 * 20 + 8 + 1  # the node, the root
+    assert tree.memory_footprint().live_heap_entries == 20 + 1  # one per request, the node
+    order = []
+    while tree.num_waiting:
+        order.append(tree.best())
+        tree.admit(order[-1])
+    assert order == list(range(20))
+
+
 def test_waiting_share_and_running_ids():
     cht = ChunkedHashTree(chunk_size=2)
     cht.add_waiting("a", [1, 2, 3, 4, 5, 6])
@@ -302,7 +321,8 @@ def test_shared_prompts_reuse_keys_without_pinning_sglang_arrays():
     cht.add_waiting("first", first)
     cht.add_waiting("second", second)
     node = cht._requests["second"].leaf
-    assert list(node.parent.keys + node.keys) == chunk_hashes(second, 4)[node.parent.start :]
+    keys = [*node.parent.key_list(), *node.key_list()]
+    assert keys == chunk_hashes(second, 4)[node.parent.start :]
     assert cht.memory_footprint().nodes == 3  # the shared prefix, two own suffixes
     first.append(4)  # would raise BufferError if the tree held a buffer view of it
     second.extend([12, 13])

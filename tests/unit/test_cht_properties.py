@@ -14,11 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feather_sglang.cht import (
-    HEAP_COMPACT_MIN_STALE,
-    HEAP_STALE_PER_LIVE,
+    HEAP_ENTRIES_PER_SLOT,
+    HEAP_MIN_ENTRIES,
     CandidateView,
     ChunkedHashTree,
     RequestState,
+    _entries,
+    _is_live,
 )
 from feather_sglang.chunk_hash import chunk_hashes
 
@@ -137,7 +139,7 @@ def check_against_model(tree: ChunkedHashTree, model: BruteForceModel) -> None:
     for rid in model.state:
         node, path_keys = tree._requests[rid].leaf, []
         while node.parent is not None:
-            path_keys[:0] = node.keys
+            path_keys[:0] = node.key_list()
             node = node.parent
         assert path_keys == model.keys[rid]
     # Path compression stays canonical: every node but the root ends where a request ends or
@@ -146,20 +148,28 @@ def check_against_model(tree: ChunkedHashTree, model: BruteForceModel) -> None:
     stack = [tree._root]
     while stack:
         node = stack.pop()
-        assert len(node.keys) == node.end - node.start
+        assert len(node.key_list()) == node.end - node.start
         if node is not tree._root:
             assert node.ends > 0 or len(node.children) >= 2
         for key, child in node.children.items():
-            assert child.parent is node and child.start == node.end and child.keys[0] == key
+            assert child.parent is node and child.start == node.end and child.key_list()[0] == key
             stack.append(child)
     # One live entry per waiting request and per node a waiting request passes (the
-    # tournament's), stale ones bounded by each heap's compaction.
+    # tournament's), each in the heap of the node it ends at or hangs from; stale ones bounded
+    # by each heap's compaction.
     passed = sum(1 for node in _nodes(tree) if node.waiting)
     assert footprint.live_heap_entries == len(waiting) + passed
-    bound = (HEAP_STALE_PER_LIVE + 1) * footprint.live_heap_entries + HEAP_COMPACT_MIN_STALE * (
-        footprint.nodes + 1
-    )
-    assert footprint.heap_entries <= bound
+    for node in [tree._root, *_nodes(tree)]:
+        live = {
+            id(entry[1] if type(entry) is tuple else entry)
+            for entry in _entries(node)
+            if _is_live(entry)
+        }
+        expected = {id(tree._requests[rid]) for rid in waiting if tree._requests[rid].leaf is node}
+        expected |= {id(child) for child in node.children.values() if child.waiting}
+        assert live == expected
+        slots = len(node.children) + node.ends
+        assert len(_entries(node)) <= HEAP_ENTRIES_PER_SLOT * slots + HEAP_MIN_ENTRIES
 
 
 def _nodes(tree):
