@@ -88,9 +88,8 @@ def run_server_comparison(
     if rounds < 1 or repeats < 1:
         raise ValueError(f"rounds and repeats must be >= 1, got {rounds} and {repeats}")
     from feather_bench.tools.server import SGLangServer
-    from feather_bench.tools.trace import read_trace, time_split
+    from feather_bench.tools.trace import ENV, read_trace, time_split
     from feather_bench.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
-    from feather_sglang.sglang_integration.trace import ENV
 
     prompts = shared_prefix_prompts(groups, requests // groups, repeat=prefix_repeat)
     times: dict[str, list[float]] = {"feather": [], "torch_native": []}

@@ -5,7 +5,7 @@ so that every configuration starts from the same state and nothing of one run (m
 cache, hooks) leaks into the next; online mode starts a real ``sglang.launch_server`` and
 sends the requests over HTTP at their arrival times. Both warm the model up on a short
 unrelated prompt, flush the cache, then send the workload, with ``FEATHER_BATCH_TRACE``
-recording every step (see ``sglang_integration/trace.py``). With ``--base-url`` nothing is
+recording every step (see ``feather_bench/tools/trace.py``). With ``--base-url`` nothing is
 started: the workload goes to a server already running, whose batch trace is read only if the
 caller names its file.
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Optional
 
 from feather_bench.ab.client import RequestRecord
+from feather_bench.tools.trace import ENV as TRACE_ENV
 from feather_bench.tools.trace import read_trace
 from feather_bench.workloads import Workload, write_workload_file
-from feather_sglang.sglang_integration.trace import ENV as TRACE_ENV
 
 WARMUP_TOKENS = 32
 # the attention backend named "default": no --attention-backend, SGLang chooses its own

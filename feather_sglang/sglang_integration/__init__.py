@@ -6,7 +6,6 @@ import importlib
 import importlib.abc
 import importlib.util
 import logging
-import os
 import sys
 
 from feather_sglang.sglang_integration.names import (
@@ -63,7 +62,7 @@ def install_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from feather_sglang import cpu_runtime
-    from feather_sglang.sglang_integration import args, dp_routing, policy, trace
+    from feather_sglang.sglang_integration import args, dp_routing, policy
 
     if getattr(sglang, "__version__", SGLANG_VERSION) != SGLANG_VERSION:
         logger.warning(
@@ -105,10 +104,3 @@ def install_hooks() -> None:
         )
         for method, (hook, kind) in policy.SCHEDULER_HOOKS.items():
             reg(f"{_SCHED}.Scheduler.{method}", hook, HookType[kind])
-    if os.environ.get(trace.ENV):  # per-step timing hooks, for any policy
-        get_next = trace.get_next_batch_to_run_around
-        reg(f"{_SCHED}.Scheduler.get_next_batch_to_run", get_next, HookType.AROUND)
-        # feather's backend inherits both from torch_native's: one hook times either
-        native = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
-        for method in ("forward_decode", "forward_extend"):
-            reg(f"{native}.{method}", trace.attention_forward_around, HookType.AROUND)

@@ -9,7 +9,7 @@ import sys
 import msgspec
 
 from feather_sglang.config import FeatherConfig, FeatherConfigError
-from feather_sglang.sglang_integration import refusals, trace
+from feather_sglang.sglang_integration import refusals
 from feather_sglang.sglang_integration.names import (
     ATTENTION_BACKEND_NAME,
     CONFIG_ATTR,
@@ -137,8 +137,7 @@ def startup_refusals(
             )
     if getattr(server_args, "attention_backend", None) == ATTENTION_BACKEND_NAME:
         problems += refusals.backend_refusals(server_args)
-    problem = trace.check_path()
-    return problems + ([problem] if problem else [])
+    return problems
 
 
 def make_engine_server_args_factory(server_args_class):

@@ -76,7 +76,6 @@ class FeatherAttnBackend(TorchNativeAttnBackend):
             return stock(*args, **kwargs)
         scaling = kwargs.get("scaling")
         try:
-            self.faults.check("backend")
             run(plan, *args[:n], scaling if scaling is not None else args[0].shape[-1] ** -0.5)
         except Exception as exc:  # noqa: BLE001
             self._fall_back(exc)

@@ -12,7 +12,6 @@ from sglang.srt.mem_cache.common import match_kv_cache
 
 from feather_sglang.agents import ServerShape
 from feather_sglang.planner import AdmissionPlanner, SharedClock
-from feather_sglang.sglang_integration import trace
 from feather_sglang.sglang_integration.faults import FaultLog
 from feather_sglang.sglang_integration.names import (
     ATTENTION_BACKEND_NAME,
@@ -107,7 +106,6 @@ class FeatherState:
         try:
             if self._dirty:
                 self.rebuild(waiting_queue, running_batch)
-            self.faults.check("plan")
             self.order(waiting_queue, running_batch)
             return True
         except Exception as exc:  # noqa: BLE001
@@ -125,7 +123,6 @@ class FeatherState:
 
     def rebuild(self, waiting_queue: list[Req], running_batch: ScheduleBatch | None) -> None:
         """Feather's state anew from SGLang's queue and batch (the agent is kept)."""
-        self.faults.check("rebuild")
         old = self.planner
         self.planner = AdmissionPlanner(old.config, clock=old.clock, agent=old.agent)
         self._reset()
@@ -397,7 +394,6 @@ def _guarded(scheduler, seam: str, method: str, *args) -> None:
     if state is None or state.stood_down:
         return
     try:
-        state.faults.check(seam)
         getattr(state, method)(*args)
     except Exception as exc:  # noqa: BLE001 - no fault of feather's may reach the scheduler
         state._dirty = True
@@ -446,9 +442,6 @@ def run_batch_around(original, scheduler, batch, *args, **kwargs):
     result = original(scheduler, batch, *args, **kwargs)
     ended = time.perf_counter()
     _guarded(scheduler, "step", "on_step", batch, started, ended)
-    tracer = trace.tracer()
-    if tracer is not None:
-        tracer.record(batch, ended - started)
     return result
 
 

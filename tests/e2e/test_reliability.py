@@ -10,9 +10,9 @@ import time
 import pytest
 import requests
 
+from feather_bench.tools import fault_inject as faults
 from feather_bench.tools.server import SGLangServer
 from feather_bench.tools.workload import compare_greedy, generate_all, shared_prefix_prompts
-from feather_sglang.sglang_integration import faults
 
 pytestmark = pytest.mark.e2e
 

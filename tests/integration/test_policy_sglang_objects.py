@@ -807,12 +807,20 @@ def test_chunked_request_counts_as_running(cache):
 # ---- 8. fault containment ----------------------------------------------------------------
 @pytest.fixture
 def inject(monkeypatch):
-    """Turn fault injection on for schedulers built afterwards: ``inject("plan:2")``."""
-    from feather_sglang.sglang_integration import faults
+    """Fault injection in this process, with the hooks the ``feather-fault-inject`` plugin
+    registers in a server: ``inject("plan:2")``."""
+    import pkgutil
+
+    from feather_bench.tools import fault_inject
 
     def on(spec: str) -> None:
-        monkeypatch.setenv(faults.INJECT_ENV, spec)
-        monkeypatch.setenv(faults.ACK_ENV, faults.ACK_PHRASE)
+        for target, around in fault_inject.hooks(spec):
+            path, name = target.rsplit(".", 1)
+            owner = pkgutil.resolve_name(path)
+            original = getattr(owner, name)
+            monkeypatch.setattr(
+                owner, name, lambda *a, _o=original, _h=around, **k: _h(_o, *a, **k)
+            )
 
     return on
 
@@ -833,17 +841,19 @@ def drain(sched: MiniScheduler, passes: int = 40) -> list[str]:
 
 
 def test_injection_needs_the_acknowledgement(monkeypatch, caplog):
-    from feather_sglang.sglang_integration import faults
+    from feather_bench.tools import fault_inject
 
-    monkeypatch.setenv(faults.INJECT_ENV, "plan:1")
-    monkeypatch.delenv(faults.ACK_ENV, raising=False)
+    monkeypatch.setenv(fault_inject.INJECT_ENV, "plan:1")
+    monkeypatch.delenv(fault_inject.ACK_ENV, raising=False)
     with caplog.at_level(logging.WARNING):
-        sched = MiniScheduler("feather")
-    assert sched.feather.faults.injector is None and "fault injection stays off" in caplog.text
-    monkeypatch.setenv(faults.ACK_ENV, "yes")
-    assert faults.FaultInjector.from_env() is None
+        assert fault_inject.spec_from_env() is None
+    assert "fault injection stays off" in caplog.text
+    monkeypatch.setenv(fault_inject.ACK_ENV, "yes")
+    assert fault_inject.spec_from_env() is None
+    monkeypatch.setenv(fault_inject.ACK_ENV, fault_inject.ACK_PHRASE)
+    assert fault_inject.spec_from_env() == "plan:1"
     with pytest.raises(ValueError, match="SEAM:N"):
-        faults.FaultInjector("plan:0")
+        fault_inject.parse("plan:0")
 
 
 def test_a_fault_in_a_pass_is_logged_rebuilt_and_serving_goes_on(inject, caplog):

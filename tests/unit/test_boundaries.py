@@ -131,9 +131,9 @@ def test_scripts_are_thin_and_import_no_other_script():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="feather_sglang holds about 3,440 lines (ruff-formatted) with its design prose in docs/, "
-    "its docstrings at one line and no unused code; the 3,000-line budget needs about 440 lines of "
-    "behaviour or of the tests' and tools' API taken out",
+    reason="feather_sglang holds about 3,330 lines (ruff-formatted) with its design prose in docs/, "
+    "its docstrings at one line, no unused code and the batch trace and fault injection in plugins "
+    "of feather_bench; the 3,000-line budget needs about 330 lines of behaviour taken out",
 )
 def test_the_plugin_stays_small():
     lines = sum(len(p.read_text().splitlines()) for p in (REPO / "feather_sglang").rglob("*.py"))

@@ -9,8 +9,9 @@ import logging
 import pytest
 from sglang.srt.server_args import ServerArgs
 
+from feather_bench.tools import trace
 from feather_sglang.sglang_integration import args as args_mod
-from feather_sglang.sglang_integration import refusals, trace
+from feather_sglang.sglang_integration import refusals
 
 
 def server_args(**kw) -> ServerArgs:
@@ -70,12 +71,15 @@ def test_backend_refuses_models_with_soft_capping_or_sinks(tmp_path):
     assert refusals.local_hf_config("org/not-a-local-dir") is None
 
 
-def test_a_trace_path_that_cannot_be_written_is_refused(tmp_path, monkeypatch):
+def test_a_trace_path_that_cannot_be_written_is_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(trace.ENV, str(tmp_path / "missing-dir" / "trace.jsonl"))
-    (problem,) = args_mod.startup_refusals(server_args())
-    assert problem.startswith(f"{trace.ENV}=") and "cannot append to it" in problem
+    with pytest.raises(SystemExit) as exit_info:
+        trace.register()
+    assert exit_info.value.code == 2
+    problem = capsys.readouterr().err
+    assert problem.startswith(f"error: {trace.ENV}=") and "cannot append to it" in problem
     monkeypatch.setenv(trace.ENV, str(tmp_path / "trace.jsonl"))
-    assert args_mod.startup_refusals(server_args()) == []
+    assert trace.check_path() is None
 
 
 def test_cli_refusal_exits_2_with_the_reason(capsys):
