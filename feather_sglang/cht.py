@@ -77,7 +77,8 @@ class _Unordered:
 
 @dataclass(slots=True, eq=False)
 class _Node(_Unordered):
-    """Levels ``[end - len(keys), end)`` that the same requests hold (see ``docs/design.md``).
+    """Levels ``[start, end)`` that the same requests hold, 8 bytes of ``keys`` each (see
+    ``docs/design.md``).
 
     ``heap`` holds the tournament's entries: ``None``, one entry, or a list kept as a heap. An
     entry is a child's post ``(key, child)``, live while it is ``child.entry``, or a request
