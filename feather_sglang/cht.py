@@ -183,10 +183,10 @@ class ChunkedHashTree:
         entry = _top(self._root)
         if entry is None:
             return None
-        key, item = _key_item(entry)
+        item = _item(entry)
         while type(item) is _Node:
-            item = _key_item(_top(item))[1]
-        return item.rid, self._view(item, key >> ARRIVAL_BITS)
+            item = _item(_top(item))
+        return item.rid, self._view(item, _key(entry) >> ARRIVAL_BITS)
 
     def _view(self, request: _Request, deficit: int) -> CandidateView:
         chunks_before = self.shared_chain_len()
@@ -208,7 +208,7 @@ class ChunkedHashTree:
         while stack:
             node = stack.pop()
             for entry in _live_entries(node).values():
-                item = _key_item(entry)[1]
+                item = _item(entry)
                 if type(item) is _Node:
                     stack.append(item)
                 else:
@@ -276,8 +276,7 @@ class ChunkedHashTree:
         leaf = self._insert_path(keys, source)
         leaf.ends += 1
         request = self._requests[rid] = _Request(rid, leaf, next(self._arrivals))
-        _push(leaf, request)
-        self._count_waiting(leaf, +1)
+        self._enter_waiting(request)
 
     def admit(self, rid: Hashable) -> None:
         """Waiting -> running: its keys join the working set."""
@@ -293,11 +292,7 @@ class ChunkedHashTree:
 
     def retract(self, rid: Hashable) -> None:
         """Running -> waiting (SGLang retracts under memory pressure); keeps its arrival."""
-        request = self._leave_running(rid)
-        request.waiting = True
-        if request.leaf.heap is not request:  # else its stale entry is live again
-            _push(request.leaf, request)
-        self._count_waiting(request.leaf, +1)
+        self._enter_waiting(self._leave_running(rid))
 
     def remove_waiting(self, rid: Hashable) -> None:
         """Waiting -> gone (aborted before admission); its heap entry becomes stale."""
@@ -404,6 +399,11 @@ class ChunkedHashTree:
             self._refresh(child)
 
     # ---- counts and deficits -------------------------------------------------------------
+    def _enter_waiting(self, request: _Request) -> None:
+        request.waiting = True
+        _push(request.leaf, request)
+        self._count_waiting(request.leaf, +1)
+
     def _leave_waiting(self, request: _Request) -> None:
         request.waiting = False  # its heap entry is now stale
         self._count_waiting(request.leaf, -1)
@@ -451,8 +451,7 @@ class ChunkedHashTree:
             key = (
                 None
                 if top is None
-                else _key_item(top)[0]
-                + (0 if node.running else (len(node.keys) >> 3) << ARRIVAL_BITS)
+                else _key(top) + (0 if node.running else (len(node.keys) >> 3) << ARRIVAL_BITS)
             )
             if key == (None if entry is None else entry[0]):
                 return
@@ -478,8 +477,16 @@ def _is_live(entry) -> bool:
     return item.waiting if type(item) is _Request else item.entry is entry
 
 
-def _key_item(entry) -> tuple:
-    """A heap entry's (key, item)."""
+def _key(entry) -> int:
+    return entry.arrival if type(entry) is _Request else entry[0]
+
+
+def _item(entry) -> "_Node | _Request":
+    return entry if type(entry) is _Request else entry[1]
+
+
+def _pair(entry) -> tuple:
+    """A heap entry as a list holds it: ``(key, item)``."""
     return (entry.arrival, entry) if type(entry) is _Request else entry
 
 
@@ -490,19 +497,19 @@ def _entries(node: _Node) -> list:
 
 def _live_entries(node: _Node) -> dict:
     """The live entries of ``node``'s heap by their item's id (a request held twice: once)."""
-    return {id(_key_item(entry)[1]): entry for entry in _entries(node) if _is_live(entry)}
+    return {id(_item(entry)): entry for entry in _entries(node) if _is_live(entry)}
 
 
 def _push(node: _Node, entry) -> None:
     """Add ``entry`` to ``node``'s heap: held alone while it is the only one."""
     heap = node.heap
     if type(heap) is list:
-        heapq.heappush(heap, _key_item(entry))
+        heapq.heappush(heap, _pair(entry))
         _compact_if_stale(node)
-    elif heap is None or not _is_live(heap):
-        node.heap = entry
+    elif heap is None or heap is entry or not _is_live(heap):
+        node.heap = entry  # empty, stale, or this request's own entry (live again on retract)
     else:
-        node.heap = [_key_item(heap), _key_item(entry)]
+        node.heap = [_pair(heap), _pair(entry)]
         heapq.heapify(node.heap)
 
 
