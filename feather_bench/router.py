@@ -64,14 +64,14 @@ def worker_env(index: int, workers: int) -> dict[str, str]:
     """Environment of worker ``index`` of ``workers``: no generation on ``/health`` (the router's
     health checks), and on a host without an accelerator its share of the cores, as the CPU
     runtime splits them among the ranks of ``--dp-size`` (it pins the worker to them)."""
-    from feather_sglang import cpu_runtime
+    import feather_cpu
 
     env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
-    if cpu_runtime.accelerator_present():
+    if feather_cpu.accelerator_present():
         return env
-    binding = cpu_runtime.threads_binding(workers, sorted(os.sched_getaffinity(0)))
+    binding = feather_cpu.threads_binding(workers, sorted(os.sched_getaffinity(0)))
     if binding:  # None with fewer cores than workers
-        env[cpu_runtime.THREADS_BIND_ENV] = binding.split("|")[index]
+        env[feather_cpu.THREADS_BIND_ENV] = binding.split("|")[index]
     return env
 
 
@@ -80,14 +80,14 @@ def worker_server_args(server_args: str) -> list[str]:
     scheduler otherwise polls its sockets on a full core, which starves the other servers of
     one host), and on a CPU host the CPU runtime's per-rank KV pool unless ``server_args``
     sizes it."""
-    from feather_sglang import cpu_runtime
+    import feather_cpu
 
     extra = shlex.split(server_args)
     if "--sleep-on-idle" not in extra:
         extra.append("--sleep-on-idle")
     sized = any(a == "--max-total-tokens" or a.startswith("--max-total-tokens=") for a in extra)
-    if not sized and not cpu_runtime.accelerator_present():
-        extra += ["--max-total-tokens", str(cpu_runtime.MULTI_RANK_KV_TOKENS)]
+    if not sized and not feather_cpu.accelerator_present():
+        extra += ["--max-total-tokens", str(feather_cpu.MULTI_RANK_KV_TOKENS)]
     return extra
 
 

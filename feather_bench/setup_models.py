@@ -68,7 +68,7 @@ def log(msg: str) -> None:
 def make_torchvision_importable() -> None:
     """transformers imports torchvision, which needs feather's CPU runtime beside the CPU torch
     (applied at start-up by the venv's .pth; applied here too in case it is not installed)."""
-    from feather_sglang.cpu_runtime import apply
+    from feather_cpu import apply
 
     apply()
 

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 VENV=.venv
-REQ_DIR=feather_sglang/cpu_runtime
+REQ_DIR=feather_cpu
 STAMP=$VENV/.feather-setup-stamp
 
 gpu_present() {
@@ -42,7 +42,7 @@ else
 fi
 $PIP install -q --no-deps --no-build-isolation -e .
 if ! gpu_present; then
-  $VENV/bin/python -m feather_sglang.cpu_runtime install
+  $VENV/bin/python -m feather_cpu install
 fi
 echo "$want" > "$STAMP"
 echo "setup: done in $(( $(date +%s) - start )) s"

@@ -10,7 +10,7 @@ VENV=.venv-zoo
 PIP="$VENV/bin/python -m pip --disable-pip-version-check"
 source scripts/torch_index.sh
 pins='^(--extra-index-url|torch|numpy|xxhash|tqdm|matplotlib)[ =]'
-$PIP install -q -r <(lock feather_sglang/cpu_runtime/requirements-cpu.txt | grep -E "$pins") "rl_zoo3==2.9.2" \
+$PIP install -q -r <(lock feather_cpu/requirements-cpu.txt | grep -E "$pins") "rl_zoo3==2.9.2" \
   2> >(grep -v "^WARNING: Location" >&2)
 $PIP install -q --no-deps --no-build-isolation -e .
 echo "setup: $VENV ready ($($VENV/bin/python -c 'import rl_zoo3, stable_baselines3 as sb3; print("rl_zoo3", rl_zoo3.__version__, "stable-baselines3", sb3.__version__)'))"

@@ -86,7 +86,7 @@ START_ONLY = (
 
 
 def accelerator() -> bool:
-    from feather_sglang.cpu_runtime import accelerator_present
+    from feather_cpu import accelerator_present
 
     return accelerator_present()
 

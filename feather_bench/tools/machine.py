@@ -29,7 +29,7 @@ def version(dist: str) -> str:
 def describe(*dists: str) -> dict:
     """CPU, cores, architecture, GPU, bf16 instructions, AMX, Python, OpenMP threads and the versions
     of sglang, torch and ``dists``."""
-    from feather_sglang.cpu_runtime import cpu_flags, gpu_present
+    from feather_cpu import cpu_flags, gpu_present
 
     return {
         "cpu": cpu_model(),

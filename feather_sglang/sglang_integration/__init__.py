@@ -61,7 +61,7 @@ def install_hooks() -> None:
     import sglang
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from feather_sglang import cpu_runtime
+    import feather_cpu
     from feather_sglang.sglang_integration import args, dp_routing, policy
 
     if getattr(sglang, "__version__", SGLANG_VERSION) != SGLANG_VERSION:
@@ -71,7 +71,7 @@ def install_hooks() -> None:
     reg = HookRegistry.register
     reg(
         "sglang.srt.distributed.bootstrap._init_cpu_threads_env",
-        cpu_runtime.bind_rank_threads_around,
+        feather_cpu.bind_rank_threads_around,
         HookType.AROUND,
     )
     built_in = built_in_version()

@@ -108,7 +108,7 @@ def from_cli_args_after(result, cls, args: argparse.Namespace):
 
 def _cpu_defaults(values: dict) -> dict:
     """The ServerArgs fields the CPU runtime changes on a GPU-less host (logged)."""
-    from feather_sglang.cpu_runtime import server_defaults
+    from feather_cpu import server_defaults
 
     changes = server_defaults(values)
     if changes:

@@ -119,7 +119,7 @@ def test_sglang_serve_with_radix_cache_disabled_explains_what_it_loses(tiny_mode
         )
         assert r.status_code == 200 and r.json()["text"]
     log = server.log_path.read_text()
-    from feather_sglang.cpu_runtime import fastest_cpu_dtype, gpu_present
+    from feather_cpu import fastest_cpu_dtype, gpu_present
 
     if not gpu_present():  # the CPU runtime filled in the settings a CPU server needs, and said so
         assert (

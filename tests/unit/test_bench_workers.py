@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+import feather_cpu
 from feather_bench import router
 from feather_bench.dp import per_worker, spread
-from feather_sglang import cpu_runtime
 
 DP_LOG = """\
 [2026-01-01 10:00:00 DP1] Prefill batch, #new-seq: 2, #new-token: 60, #cached-token: 30, token usage: 0.00
@@ -42,7 +42,7 @@ def test_a_one_worker_log_counts_from_its_last_cache_flush():
 
 
 def test_each_worker_gets_its_share_of_the_cores_on_a_cpu_host(monkeypatch):
-    monkeypatch.setattr(cpu_runtime, "accelerator_present", lambda: False)
+    monkeypatch.setattr(feather_cpu, "accelerator_present", lambda: False)
     monkeypatch.setattr(router.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     quiet = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
     assert router.worker_env(1, 2) == {**quiet, "SGLANG_CPU_OMP_THREADS_BIND": "2-3"}
@@ -53,14 +53,14 @@ def test_each_worker_gets_its_share_of_the_cores_on_a_cpu_host(monkeypatch):
         "float32",
         "--sleep-on-idle",
         "--max-total-tokens",
-        str(cpu_runtime.MULTI_RANK_KV_TOKENS),
+        str(feather_cpu.MULTI_RANK_KV_TOKENS),
     ]
     assert router.worker_server_args("--max-total-tokens 4096 --sleep-on-idle") == [
         "--max-total-tokens",
         "4096",
         "--sleep-on-idle",
     ]
-    monkeypatch.setattr(cpu_runtime, "accelerator_present", lambda: True)
+    monkeypatch.setattr(feather_cpu, "accelerator_present", lambda: True)
     assert router.worker_env(0, 2) == quiet
     assert router.worker_server_args("") == ["--sleep-on-idle"]
 

@@ -8,10 +8,8 @@ import ast
 import graphlib
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("feather_sglang", "feather_kernels", "feather_rl", "feather_bench")
+PACKAGES = ("feather_sglang", "feather_cpu", "feather_kernels", "feather_rl", "feather_bench")
 TOOLING = ("feather_bench", "feather_rl", "scripts")
 PLUGIN_MAX_LINES = 3000
 SCRIPT_MAX_LINES = 150
@@ -79,6 +77,18 @@ def _repo_files(suffix: str):
             yield path
 
 
+def test_the_cpu_runtime_stands_alone():
+    """The CPU runtime serves any schedule policy: it imports nothing else of feather's."""
+    bad = sorted(
+        f"{module} imports {target}"
+        for module, targets in _graph().items()
+        if module.split(".")[0] == "feather_cpu"
+        for target in targets
+        if target.split(".")[0] != "feather_cpu"
+    )
+    assert bad == []
+
+
 def test_the_plugin_imports_no_tooling():
     bad = sorted(
         f"{module} imports {target}"
@@ -129,12 +139,6 @@ def test_scripts_are_thin_and_import_no_other_script():
             assert not {n for n in names if n.split(".")[0] == "scripts"}, path.name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="feather_sglang holds about 3,330 lines (ruff-formatted) with its design prose in docs/, "
-    "its docstrings at one line, no unused code and the batch trace and fault injection in plugins "
-    "of feather_bench; the 3,000-line budget needs about 330 lines of behaviour taken out",
-)
 def test_the_plugin_stays_small():
     lines = sum(len(p.read_text().splitlines()) for p in (REPO / "feather_sglang").rglob("*.py"))
     assert lines <= PLUGIN_MAX_LINES, f"feather_sglang holds {lines} lines of Python"

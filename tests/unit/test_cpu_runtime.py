@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from feather_sglang import cpu_runtime
-from feather_sglang.cpu_runtime import sgl_kernel_standin
+import feather_cpu
+from feather_cpu import sgl_kernel_standin
 
 
 def test_standin_functions_raise_naming_themselves():
@@ -28,7 +28,7 @@ def test_standin_functions_raise_naming_themselves():
 
 
 @pytest.mark.skipif(
-    cpu_runtime.gpu_present(), reason="the CPU runtime is only applied without a GPU"
+    feather_cpu.gpu_present(), reason="the CPU runtime is only applied without a GPU"
 )
 def test_fresh_interpreter_has_the_runtime_applied():
     """The venv's .pth applies the runtime before anything else: sglang's scheduler module
@@ -46,7 +46,7 @@ def test_fresh_interpreter_has_the_runtime_applied():
 def test_runtime_can_be_switched_off():
     env = {**os.environ, "FEATHER_CPU_RUNTIME_DISABLE": "1"}
     env.pop("SGLANG_USE_CPU_ENGINE", None)
-    env.pop(cpu_runtime.ENV_APPLIED, None)
+    env.pop(feather_cpu.ENV_APPLIED, None)
     out = subprocess.run(
         [sys.executable, "-c", "import os; print(os.environ.get('SGLANG_USE_CPU_ENGINE'))"],
         capture_output=True,
@@ -58,16 +58,16 @@ def test_runtime_can_be_switched_off():
 
 
 def test_server_defaults_only_fill_what_was_left_default(monkeypatch):
-    monkeypatch.setattr(cpu_runtime, "gpu_present", lambda: False)
-    monkeypatch.setattr(cpu_runtime, "cpu_flags", lambda: frozenset({"avx2"}))
-    assert cpu_runtime.fastest_cpu_dtype() == "float32"
+    monkeypatch.setattr(feather_cpu, "gpu_present", lambda: False)
+    monkeypatch.setattr(feather_cpu, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert feather_cpu.fastest_cpu_dtype() == "float32"
     defaults = {
         "device": None,
         "attention_backend": None,
         "disable_overlap_schedule": False,
         "dtype": "auto",
     }
-    assert cpu_runtime.server_defaults(defaults) == {
+    assert feather_cpu.server_defaults(defaults) == {
         "device": "cpu",
         "attention_backend": "torch_native",
         "disable_overlap_schedule": True,
@@ -79,11 +79,11 @@ def test_server_defaults_only_fill_what_was_left_default(monkeypatch):
         "disable_overlap_schedule": True,
         "dtype": "float16",
     }
-    assert cpu_runtime.server_defaults(chosen) == {}
-    monkeypatch.setattr(cpu_runtime, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
-    assert cpu_runtime.server_defaults(defaults)["dtype"] == "bfloat16"
-    monkeypatch.setattr(cpu_runtime, "gpu_present", lambda: True)
-    assert cpu_runtime.server_defaults(defaults) == {}
+    assert feather_cpu.server_defaults(chosen) == {}
+    monkeypatch.setattr(feather_cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert feather_cpu.server_defaults(defaults)["dtype"] == "bfloat16"
+    monkeypatch.setattr(feather_cpu, "gpu_present", lambda: True)
+    assert feather_cpu.server_defaults(defaults) == {}
 
 
 def test_the_pth_line_is_harmless_once_feather_sglang_is_gone():
@@ -91,7 +91,7 @@ def test_the_pth_line_is_harmless_once_feather_sglang_is_gone():
     import subprocess
     import sys
 
-    from feather_sglang.cpu_runtime import PTH_LINE
+    from feather_cpu import PTH_LINE
 
     # -I -S: no site-packages, so feather_sglang cannot be found, as after an uninstall
     out = subprocess.run(
@@ -107,7 +107,7 @@ def test_the_pth_line_is_harmless_once_feather_sglang_is_gone():
 
 
 def test_no_cpu_defaults_where_an_accelerator_is_present(monkeypatch):
-    import feather_sglang.cpu_runtime as rt
+    import feather_cpu as rt
 
     monkeypatch.setattr(rt, "accelerator_present", lambda: True)
     assert rt.server_defaults({"device": None, "attention_backend": None}) == {}

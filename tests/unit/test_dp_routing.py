@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from feather_sglang.cpu_runtime import threads_binding
+from feather_cpu import threads_binding
 from feather_sglang.sglang_integration.dp_routing import BALANCE_ABS, PrefixGroupRouter
 
 CHUNK = 50

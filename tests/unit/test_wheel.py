@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("feather_sglang", "feather_kernels", "feather_rl", "feather_bench")
+PACKAGES = ("feather_sglang", "feather_cpu", "feather_kernels", "feather_rl", "feather_bench")
 PACKAGE_DATA = (
     "feather_rl/data/replay_tiny-llama.json",
     "feather_rl/data/step_costs_cpu.json",
     "feather_rl/agents/ppo_serving.zip",
     "feather_rl/agents/ppo_serving.json",
     "feather_rl/hyperparams/ppo.yml",
-    "feather_sglang/cpu_runtime/requirements-cpu.txt",
+    "feather_cpu/requirements-cpu.txt",
 )
 # console script -> module run with --help
 COMMANDS = {

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 PTH_NAME = "feather_sglang_cpu_runtime.pth"
-# Run by Python's site module at start-up; does nothing once feather_sglang is uninstalled.
+# Run by Python's site module at start-up; does nothing once feather-sglang is uninstalled.
 PTH_LINE = (
     "import importlib.util as _feather_u; "
-    '_feather_u.find_spec("feather_sglang") and __import__("feather_sglang.cpu_runtime.boot")\n'
+    '_feather_u.find_spec("feather_cpu") and __import__("feather_cpu.boot")\n'
 )
 ENV_DISABLE = "FEATHER_CPU_RUNTIME_DISABLE"  # set to 1 to switch the runtime off
 ENV_APPLIED = "FEATHER_CPU_RUNTIME_APPLIED"  # set by apply(), inherited by children
@@ -149,7 +149,7 @@ def apply() -> list[str]:
 
 
 def status() -> dict:
-    """What the runtime does on this host, for ``python -m feather_sglang.cpu_runtime status``."""
+    """What the runtime does on this host, for ``python -m feather_cpu status``."""
     return {
         "gpu_present": gpu_present(),
         "accelerator_present": accelerator_present(),

@@ -1,4 +1,4 @@
-"""``python -m feather_sglang.cpu_runtime {install,uninstall,status}``."""
+"""``python -m feather_cpu {install,uninstall,status}``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from . import install_pth, status, uninstall_pth
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m feather_sglang.cpu_runtime",
+        prog="python -m feather_cpu",
         description="Install, remove or inspect the CPU runtime that lets stock SGLang run without a GPU.",
     )
     parser.add_argument("command", choices=["install", "uninstall", "status"])

@@ -1,7 +1,7 @@
 """Imported by ``feather_sglang_cpu_runtime.pth`` at start-up; a failure is only reported."""
 
 try:
-    from feather_sglang.cpu_runtime import apply as _apply
+    from feather_cpu import apply as _apply
 
     _apply()
 except Exception as _exc:  # pragma: no cover - defensive
