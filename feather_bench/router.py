@@ -5,8 +5,8 @@
         --model models/SmolLM2-135M-Instruct --json results/router/smg.json
 
 ``--workers`` servers ``python -m sglang.launch_server --schedule-policy feather`` are started at
-the same time (settings otherwise at their defaults). On a CPU host each one gets what the
-plugin's CPU runtime gives each rank of ``--dp-size N``: its share of the cores
+the same time (settings otherwise at their defaults). On a CPU host each one gets what
+feather's CPU runtime gives each rank of ``--dp-size N``: its share of the cores
 (``SGLANG_CPU_OMP_THREADS_BIND``, and ``OMP_NUM_THREADS`` set to the share's size, which is what
 limits torch's threads where SGLang's CPU kernels are absent) and a 65,536-token KV pool unless
 ``--server-args`` sets ``--max-total-tokens``. For each policy in ``--policies``, one

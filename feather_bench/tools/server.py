@@ -166,7 +166,7 @@ class SGLangServer(_ServerProcess):
 
     ``launcher`` is ``launch_server`` (``python -m sglang.launch_server``) or ``serve``
     (``sglang serve``). ``extra_args`` are passed through; on a host without a GPU the
-    plugin's CPU runtime fills in the CPU settings (see ``cpu_runtime.server_defaults``).
+    feather's CPU runtime fills in the CPU settings (see ``feather_cpu.server_defaults``).
     """
 
     ready_path = "/health_generate"
