@@ -4,7 +4,7 @@
 
 For each ``--load-balance-method`` (round_robin, SGLang's default; prefix_group, feather's), one
 ``python -m sglang.launch_server --schedule-policy feather --dp-size N`` is started (settings
-otherwise at their defaults; on a CPU host the feather's CPU runtime gives each worker its share
+otherwise at their defaults; on a CPU host feather's CPU runtime gives each worker its share
 of the cores and a fixed KV pool), ``python -m sglang.bench_serving`` runs the shared-prefix
 workload ``--repeats`` times against it (cache flushed before each run), and the server's log
 gives each worker's share: requests admitted, prompt tokens computed and tokens served from the
