@@ -381,6 +381,55 @@ def test_feather_policy_keeps_fcfs_underneath():
     assert sched.get_prefill_adder_class() is sched._feather_adder_class
 
 
+def _unshared_prompts(lengths) -> list[list[int]]:
+    rng = random.Random(11)
+    return [[rng.randrange(10**6, 10**8) for _ in range(n)] for n in lengths]
+
+
+def _unshared_schedule(policy: str, max_running: int, prefill_tokens: int) -> list[list[str]]:
+    """What each pass admits when 48 prompts of 256 tokens that share nothing (bench_serving's
+    random-ids at --random-range-ratio 1.0) arrive in waves, some running requests finishing
+    between passes."""
+    sched = MiniScheduler(
+        policy,
+        config=FeatherConfig(),  # the default agent
+        max_running_requests=max_running,
+        max_prefill_tokens=prefill_tokens,
+    )
+    rng = random.Random(12)
+    prompts = _unshared_prompts([256] * 48)
+    admitted, arrived = [], 0
+    while arrived < len(prompts) or sched.waiting_queue:
+        for i in range(arrived, min(arrived + rng.randrange(1, 12), len(prompts))):
+            sched.add_request(make_req(f"r{i}", prompts[i], max_new_tokens=rng.randrange(4, 64)))
+            arrived = i + 1
+        record = sched.step()
+        admitted.append(record.admitted if record else [])
+        sched.finish(*rids(sched.running_batch.reqs[: rng.randrange(0, 4)]))
+    return admitted
+
+
+@pytest.mark.parametrize("max_running,prefill_tokens", [(6, 16384), (64, 700)])
+def test_nothing_shared_same_lengths_feather_admits_what_fcfs_admits(max_running, prefill_tokens):
+    # Equal deficits: feather's order is the arrival order, so its batches are fcfs's, pass by
+    # pass, whether the batch cap or the prefill budget binds.
+    fcfs = _unshared_schedule("fcfs", max_running, prefill_tokens)
+    assert sum(map(len, fcfs)) == 48 and max(map(len, fcfs)) > 1
+    assert _unshared_schedule("feather", max_running, prefill_tokens) == fcfs
+
+
+def test_nothing_shared_feather_admits_the_least_new_prefill_first():
+    sched = MiniScheduler("feather", config=FeatherConfig(), max_running_requests=8)
+    lengths = [random.Random(i).randrange(20, 600) for i in range(24)]
+    for i, tokens in enumerate(_unshared_prompts(lengths)):
+        sched.add_request(make_req(f"r{i}", tokens))
+    deficit = {f"r{i}": sched.feather.planner.cht.deficit(f"r{i}") for i in range(24)}
+    record = sched.step()
+    expected = sorted(deficit, key=lambda rid: (deficit[rid], int(rid[1:])))[:8]
+    assert record.admitted == expected
+    assert len(set(deficit.values())) > 8  # the lengths made a difference
+
+
 # ---- 2. prefix leader, then the rest of its group ---------------------------------------
 CACHES = pytest.mark.parametrize("cache", ["radix", "unified"])
 
