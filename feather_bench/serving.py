@@ -129,6 +129,23 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ),
         (),
     ),
+    # bench_serving's own default lengths (--random-range-ratio 0.0): input 1-512, output 1-32.
+    "no-sharing-varied-cpu": (
+        "64 prompts of 1-512 random token ids, 1-32 output tokens (nothing shared)",
+        (
+            "--dataset-name",
+            "random-ids",
+            "--random-input-len",
+            "512",
+            "--random-output-len",
+            "32",
+            "--random-range-ratio",
+            "0.0",
+            "--num-prompts",
+            "64",
+        ),
+        (),
+    ),
     "online": (
         "memory-bound-cpu, requests arriving at 1 request/s (Poisson)",
         (
