@@ -166,8 +166,17 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-def run_config(model: str, policy: str, backend: str, workload: str, args, out_dir: Path) -> dict:
-    """Start one server, run bench_serving ``args.repeats`` times, stop it; the medians."""
+def run_config(
+    model: str,
+    policy: str,
+    backend: str,
+    workload: str,
+    args,
+    out_dir: Path,
+    run: int | None = None,
+) -> dict:
+    """Start one server, run bench_serving ``args.repeats`` times (only run number ``run`` if
+    given), stop it; the medians of the runs so far."""
     _, bench_args, server_args = WORKLOADS[workload]
     name = f"{policy}+{backend}"
     extra = ["--attention-backend", backend, *server_args, *shlex.split(args.server_args)]
@@ -191,9 +200,10 @@ def run_config(model: str, policy: str, backend: str, workload: str, args, out_d
             args,
             out_dir / f"{workload}.{name}.jsonl",
             workload + " " + name,
+            runs=range(args.repeats) if run is None else [run],
         )
     row = {"config": name, "policy": policy, "attention_backend": backend, "date": _now()}
-    row.update(runs)
+    row.update(runs, interleaved=run is not None)
     row["server_args"] = extra
     return row
 
@@ -207,12 +217,16 @@ def run_bench(
     label: str,
     before_run=None,
     after_run=None,
+    runs=None,
 ) -> dict:
-    """``python -m sglang.bench_serving`` against ``url``, ``args.repeats`` times (one warm-up
-    request, then the cache flushed through ``url``); the medians of its metrics over the runs.
-    ``before_run(repeat)`` and ``after_run(repeat)`` are called around each run."""
-    jsonl.unlink(missing_ok=True)
-    for repeat in range(args.repeats):
+    """``python -m sglang.bench_serving`` against ``url``, runs ``runs`` (default: all
+    ``args.repeats``; one warm-up request, then the cache flushed through ``url``); the medians
+    of its metrics over every run in ``jsonl`` (emptied by run 0). ``before_run(repeat)`` and
+    ``after_run(repeat)`` are called around each run."""
+    runs = range(args.repeats) if runs is None else runs
+    if 0 in runs:
+        jsonl.unlink(missing_ok=True)
+    for repeat in runs:
         if before_run is not None:
             before_run(repeat)
         command = [
@@ -350,7 +364,11 @@ def runs_of(result: dict) -> str:
     counts = {row["config"]: row.get("runs", result["repeats"]) for row in result["rows"]}
     most = max(set(counts.values()), key=list(counts.values()).count)
     others = ", ".join(f"{n} for {c}" for c, n in counts.items() if n != most)
-    return f"medians of {most} runs per server" + (f" ({others})" if others else "")
+    interleaved = all(row.get("interleaved") for row in result["rows"])
+    per = (
+        "runs, configurations taking turns, a server per run" if interleaved else "runs per server"
+    )
+    return f"medians of {most} {per}" + (f" ({others})" if others else "")
 
 
 def report(out_dir: Path) -> str:
@@ -401,7 +419,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--policies", default="fcfs,lpm,dfs-weight,feather", help="default: %(default)s")
     p.add_argument("--backends", default=",".join(BACKENDS), help="default: %(default)s")
     p.add_argument(
-        "--repeats", type=int, default=2, help="bench_serving runs per server (default: 2)"
+        "--repeats", type=int, default=2, help="bench_serving runs per configuration (default: 2)"
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
@@ -427,6 +445,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="keep the configurations of a workload's earlier JSON in --out-dir that this run "
         "does not repeat (same model, seed and bench_serving flags), e.g. to add a backend",
+    )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="run the configurations in turn, one bench_serving run each on a fresh server, "
+        "--repeats rounds, so that a host's drift falls on every configuration alike",
     )
     args = p.parse_args(argv)
     for field, allowed in (
@@ -491,11 +515,14 @@ def main(argv=None) -> int:
         }
         configs = {f"{p}+{b}" for b in args.backends for p in args.policies}
         kept = earlier_rows(path, result, configs) if args.add else []  # refused before any run
-        rows = [
-            run_config(args.model, p, b, workload, args, out_dir)
-            for b in args.backends
-            for p in args.policies
-        ]
+        pairs = [(p, b) for b in args.backends for p in args.policies]
+        if args.interleave:  # round by round, every configuration on a server of its own
+            for run in range(args.repeats):
+                rows = [
+                    run_config(args.model, p, b, workload, args, out_dir, run) for p, b in pairs
+                ]
+        else:
+            rows = [run_config(args.model, p, b, workload, args, out_dir) for p, b in pairs]
         rows = kept + rows
         result.update(date=_now(), machine=describe(), git=git)
         result.update(summary=summarize(rows), rows=rows)

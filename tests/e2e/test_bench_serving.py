@@ -4,6 +4,7 @@ drives it against a real feather server."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -26,6 +27,7 @@ def test_sglang_bench_serving_imports_and_answers_help():
 
 
 def test_feather_bench_serving_writes_bench_servings_metrics(tiny_model, tmp_path, capsys):
+    # --interleave: the configurations take turns, a server of their own per run
     small = (
         "--num-prompts 8 --gsp-num-groups 2 --gsp-prompts-per-group 4 --gsp-system-prompt-len 128 "
         "--gsp-question-len 16 --gsp-output-len 4"
@@ -41,7 +43,8 @@ def test_feather_bench_serving_writes_bench_servings_metrics(tiny_model, tmp_pat
             "--backends",
             "feather",
             "--repeats",
-            "1",
+            "2",
+            "--interleave",
             "--bench-args",
             small,
             "--out-dir",
@@ -54,20 +57,29 @@ def test_feather_bench_serving_writes_bench_servings_metrics(tiny_model, tmp_pat
     rows = {r["config"]: r for r in result["rows"]}
     assert set(rows) == {"fcfs+feather", "feather+feather"}
     for row in rows.values():
-        assert row["output_throughput"] > 0 and row["errors"] == 0 and row["runs"] == 1
+        assert row["output_throughput"] > 0 and row["errors"] == 0 and row["runs"] == 2
         assert row["median_ttft_ms"] > 0 and row["p99_itl_ms"] >= row["median_itl_ms"]
-    # bench_serving's own JSONL line is kept per run
-    line = json.loads((tmp_path / "memory-ample.feather+feather.jsonl").read_text().splitlines()[0])
-    assert (
-        line["completed"] == 8
-        and line["output_throughput"] == rows["feather+feather"]["output_throughput"]
+    # bench_serving's own JSONL lines are kept, one per run
+    text = (tmp_path / "memory-ample.feather+feather.jsonl").read_text()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert [line["completed"] for line in lines] == [8, 8]
+    assert rows["feather+feather"]["output_throughput"] == pytest.approx(
+        statistics.median(line["output_throughput"] for line in lines)
     )
     assert rows["feather+feather"]["vs_best_stock_same_backend"] == pytest.approx(
         rows["feather+feather"]["output_throughput"] / rows["fcfs+feather"]["output_throughput"]
     )
     assert result["git"]["commit"] and result["machine"]["versions"]["sglang"]
-    assert "| feather+feather |" in capsys.readouterr().out
-    assert "| fcfs+feather |" in serving.report(tmp_path)
+    out = capsys.readouterr().out
+    assert "| feather+feather |" in out
+    order = [
+        line.split(" ", 2)[2] for line in out.splitlines() if line.startswith("[bench-serving]")
+    ]
+    assert order == [
+        f"{config} run {n}/2" for n in (1, 2) for config in ("fcfs+feather", "feather+feather")
+    ]
+    report = " ".join(serving.report(tmp_path).split())
+    assert "| fcfs+feather |" in report and "configurations taking turns" in report
 
 
 def test_bad_options_say_what_is_allowed(capsys):
