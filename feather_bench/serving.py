@@ -46,7 +46,17 @@ _GSP = (
     "32",
 )
 
+
 # name -> (what it is, bench_serving arguments, server arguments)
+def _random_ids(input_len: int, output_len: int, range_ratio: str, prompts: int) -> tuple:
+    """bench_serving's random-ids flags: nothing shared."""
+    return (
+        *("--dataset-name", "random-ids", "--random-input-len", str(input_len)),
+        *("--random-output-len", str(output_len), "--random-range-ratio", range_ratio),
+        *("--num-prompts", str(prompts)),
+    )
+
+
 WORKLOADS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "memory-ample": (
         "4 groups x 8 prompts sharing a 1,024-token system prompt, server defaults",
@@ -99,51 +109,18 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     ),
     "no-sharing": (
         "128 prompts of 512 random token ids (bench_serving's random-ids), 32 output tokens, nothing shared",
-        (
-            "--dataset-name",
-            "random-ids",
-            "--random-input-len",
-            "512",
-            "--random-output-len",
-            "32",
-            "--random-range-ratio",
-            "1.0",
-            "--num-prompts",
-            "128",
-        ),
+        _random_ids(512, 32, "1.0", 128),
         (),
     ),
     "no-sharing-cpu": (
         "64 prompts of 256 random token ids, 32 output tokens (nothing shared)",
-        (
-            "--dataset-name",
-            "random-ids",
-            "--random-input-len",
-            "256",
-            "--random-output-len",
-            "32",
-            "--random-range-ratio",
-            "1.0",
-            "--num-prompts",
-            "64",
-        ),
+        _random_ids(256, 32, "1.0", 64),
         (),
     ),
     # bench_serving's own default lengths (--random-range-ratio 0.0): input 1-512, output 1-32.
     "no-sharing-varied-cpu": (
         "64 prompts of 1-512 random token ids, 1-32 output tokens (nothing shared)",
-        (
-            "--dataset-name",
-            "random-ids",
-            "--random-input-len",
-            "512",
-            "--random-output-len",
-            "32",
-            "--random-range-ratio",
-            "0.0",
-            "--num-prompts",
-            "64",
-        ),
+        _random_ids(512, 32, "0.0", 64),
         (),
     ),
     "online": (
