@@ -51,9 +51,9 @@ _LAST = {
     "max_wait_s": opt(
         60.0,
         positive_seconds,
-        "Starvation bound: once the oldest request has waited longer than this many seconds, the "
-        "requests of its prefix group that have are admitted first whatever the batch holds, one "
-        "group at a time (> 0; 'inf' disables).",
+        "Starvation bound: once the oldest request has waited longer than this many seconds, its "
+        "prefix group's waiting requests are admitted first, oldest first, whatever the batch "
+        "holds, one group at a time (> 0; 'inf' disables).",
     ),
     "prefix_leader": opt(
         True,

@@ -222,11 +222,11 @@ class AdmissionPlanner:
         )
         if oldest is None or self._waiting_since[oldest] >= deadline:
             return drain
-        # The group's starved members, oldest first: O(g log g) for a group of g.
+        # The whole group, oldest first (its starved members lead): O(g log g) for a group of g.
+        # Its prefix is computed once for all; members left behind would starve after it has
+        # been evicted and compute it again.
         since, seq = self._waiting_since, self._enqueue_seq
-        starved = [rid for rid in cht.waiting_group(oldest) if since[rid] < deadline]
-        starved.sort(key=lambda rid: (since[rid], seq[rid]))
-        drain.extend(starved)
+        drain.extend(sorted(cht.waiting_group(oldest), key=lambda rid: (since[rid], seq[rid])))
         return drain
 
     def _needs_leader(self, rid, deficit: int, cached_prefix_tokens) -> bool:

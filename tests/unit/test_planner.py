@@ -99,18 +99,22 @@ def test_a_starved_backlog_is_admitted_group_by_group_not_oldest_first(clock):
     assert p.plan(max_new=5).rids == ["g1-1", "g1-2"]
 
 
-def test_the_starvation_bound_serves_only_requests_that_waited_too_long(clock):
+def test_a_starved_group_is_admitted_whole_before_the_next_starved_group(clock):
     p = planner_with(clock, max_wait_s=10)
-    arrive(p, ["g0-0", "g1-0"])
+    arrive(p, ["g0-0", "g1-0", "g2-0"])
     clock.now = 5
-    arrive(p, ["g1-1"])
-    clock.now = 12  # g0-0 and g1-0 waited 12 s, g1-1 7 s
+    arrive(p, ["g0-1", "g1-1"])
+    clock.now = 12  # g0-0, g1-0 and g2-0 waited 12 s, g0-1 and g1-1 7 s
     plan = p.plan(max_new=1)
     assert plan.rids == ["g0-0"] and plan.starved == 1
     p.end_pass(plan.rids)
-    plan = p.plan(max_new=5)
-    assert plan.rids[0] == "g1-0" and plan.starved == 1  # g1-1 came in by the CHT, not the bound
-    assert "g1-1" in plan.rids
+    # g0-1 has not waited past the bound, but it shares g0's prefix, computed now: it goes
+    # before g1's starved g1-0, rather than starve later and compute the prefix again.
+    plan = p.plan(max_new=2)
+    assert plan.rids == ["g0-1", "g1-0"] and plan.starved == 2
+    p.end_pass(plan.rids)
+    plan = p.plan(max_new=2)
+    assert plan.rids == ["g1-1", "g2-0"] and plan.starved == 2
 
 
 def test_a_starved_group_with_an_uncached_prefix_computes_it_once_first(clock):
