@@ -111,7 +111,7 @@ train: setup
 	OMP_NUM_THREADS=1 .venv/bin/feather-train $(TRAIN_ARGS)
 
 eval: setup
-	OMP_NUM_THREADS=1 .venv/bin/feather-eval --seeds 3 --json results/rl/eval_serving.json $(EVAL_ARGS)
+	OMP_NUM_THREADS=1 .venv/bin/feather-eval --seeds 10 --json results/rl/eval_serving.json $(EVAL_ARGS)
 
 record: setup
 	OMP_NUM_THREADS=1 .venv/bin/feather-record $(RECORD_ARGS)
