@@ -47,7 +47,6 @@ _GSP = (
 )
 
 
-# name -> (what it is, bench_serving arguments, server arguments)
 def _random_ids(input_len: int, output_len: int, range_ratio: str, prompts: int) -> tuple:
     """bench_serving's random-ids flags: nothing shared."""
     return (
@@ -57,6 +56,7 @@ def _random_ids(input_len: int, output_len: int, range_ratio: str, prompts: int)
     )
 
 
+# name -> (what it is, bench_serving arguments, server arguments)
 WORKLOADS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "memory-ample": (
         "4 groups x 8 prompts sharing a 1,024-token system prompt, server defaults",
