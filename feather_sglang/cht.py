@@ -194,6 +194,22 @@ class ChunkedHashTree:
         waiting = node.waiting - 1 if node.end else 0  # the node's, minus the candidate
         return CandidateView(chunks_before, node.end, waiting, deficit, len(self._running))
 
+    def branch_leaders(self, limit: int) -> list[tuple[Hashable, int, int]]:
+        """``(id, deficit, chunks)`` of the best waiting request of each of the first ``limit``
+        branches where the waiting requests' paths part, in the tournament's order; O(limit x
+        depth x log), however many requests wait."""
+        node, entries = self._root, _smallest_live(self._root, 2)
+        while len(entries) == 1 and type(_item(entries[0])) is _Node:
+            node = _item(entries[0])
+            entries = _smallest_live(node, 2)
+        leaders = []
+        for entry in _smallest_live(node, limit):
+            item = _item(entry)
+            while type(item) is _Node:
+                item = _item(_top(item))
+            leaders.append((item.rid, _deficit(item), item.leaf.end))
+        return leaders
+
     def waiting_shared_beyond_running(self, rid: Hashable) -> int:
         """``waiting_share(rid)[0]`` unless running requests hold all those chunks, else 0."""
         node = self._deepest_shared_while_waiting(rid)
@@ -498,6 +514,25 @@ def _entries(node: _Node) -> list:
 def _live_entries(node: _Node) -> dict:
     """The live entries of ``node``'s heap by their item's id (a request held twice: once)."""
     return {id(_item(entry)): entry for entry in _entries(node) if _is_live(entry)}
+
+
+def _smallest_live(node: _Node, limit: int) -> list:
+    """Up to ``limit`` live entries of ``node``'s heap, least key first (each item once): a
+    best-first walk of the heap's array, O(visited x log)."""
+    heap = node.heap
+    if type(heap) is not list:
+        return [] if heap is None or not _is_live(heap) else [heap]
+    found, seen, frontier = [], set(), [(heap[0][0], 0)] if heap else []
+    while frontier and len(found) < limit:
+        _, i = heapq.heappop(frontier)
+        entry = heap[i]
+        if _is_live(entry) and id(_item(entry)) not in seen:
+            seen.add(id(_item(entry)))
+            found.append(entry)
+        for j in (2 * i + 1, 2 * i + 2):
+            if j < len(heap):
+                heapq.heappush(frontier, (heap[j][0], j))
+    return found
 
 
 def _push(node: _Node, entry) -> None:

@@ -55,6 +55,14 @@ _LAST = {
         "prefix group's waiting requests are admitted first, oldest first, whatever the batch "
         "holds, one group at a time (> 0; 'inf' disables).",
     ),
+    "cached_groups": opt(
+        8,
+        int_at_least(0),
+        "When the next pick would start a prefix group the running batch does not hold, this "
+        "many waiting groups' leading requests are matched against the radix cache and the one "
+        "with the fewest tokens left to compute goes first (>= 0; 0: the chunked hash tree's "
+        "order alone).",
+    ),
     "prefix_leader": opt(
         True,
         boolean,

@@ -29,6 +29,7 @@ class PlannerStats:
     admitted: int = 0
     rolled_back: int = 0
     starved: int = 0
+    cached_picks: int = 0  # picks of a waiting group the radix cache holds over the CHT's best
     stops: dict = field(default_factory=dict)
 
 
@@ -131,6 +132,7 @@ class AdmissionPlanner:
         self._agent_checkpoint = agent.checkpoint()
         self._admit_states = []
         cached = cached_prefix_tokens if self.config.prefix_leader else None
+        groups = self.config.cached_groups if cached_prefix_tokens is not None else 0
         planned_tokens = 0  # estimated new prefill tokens of the picks so far
         # One scan of the enqueue order per pass, resumed for each starved group.
         self._oldest_scan = iter(self._waiting_since)
@@ -171,6 +173,8 @@ class AdmissionPlanner:
                 plan.stop_reason = "empty"
                 break
             rid, view = best
+            if groups and view.deficit and cht.waiting_shared_beyond_running(rid):
+                rid, view = self._cached_group_pick(rid, view, groups, cached_prefix_tokens)
             # KV capacity still free once this pass's picks so far are counted.
             headroom = (kv_free_tokens - planned_tokens) / kv_capacity_tokens if kv_known else 1.0
             # CandidateView's first three fields are AgentState's second to fourth.
@@ -228,6 +232,19 @@ class AdmissionPlanner:
         since, seq = self._waiting_since, self._enqueue_seq
         drain.extend(sorted(cht.waiting_group(oldest), key=lambda rid: (since[rid], seq[rid])))
         return drain
+
+    def _cached_group_pick(self, rid, view, groups: int, cached_prefix_tokens):
+        """Of ``groups`` waiting groups' leaders (the CHT's best first), the one with the fewest
+        chunks left once the radix cache's hit counts (ties: the CHT's order), and its view."""
+        chunk = self.config.chunk_size
+        pick = min(
+            self.cht.branch_leaders(groups),
+            key=lambda lead: min(lead[1], lead[2] - cached_prefix_tokens(lead[0]) // chunk),
+        )[0]
+        if pick == rid:
+            return rid, view
+        self.stats.cached_picks += 1
+        return pick, self.cht.candidate_view(pick)
 
     def _needs_leader(self, rid, deficit: int, cached_prefix_tokens) -> bool:
         """True if ``rid``'s leading chunks shared with other waiting ones are not cached yet."""

@@ -377,7 +377,8 @@ class FeatherState:
             f"admitted={s.admitted} rolled_back={s.rolled_back} starved={s.starved} "
             f"stops={s.stops} waiting={self.planner.num_waiting} "
             f"running={self.planner.cht.num_running} resyncs={self.resyncs} "
-            f"reindexes={self.reindexes} faults={self.faults.total} rebuilds={self.rebuilds}"
+            f"reindexes={self.reindexes} faults={self.faults.total} rebuilds={self.rebuilds} "
+            f"cached_picks={s.cached_picks}"
         )
         learned = self.planner.agent.describe()
         if learned:

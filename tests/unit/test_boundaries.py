@@ -11,7 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("feather_sglang", "feather_cpu", "feather_kernels", "feather_rl", "feather_bench")
 TOOLING = ("feather_bench", "feather_rl", "scripts")
-PLUGIN_MAX_LINES = 3000
+PLUGIN_MAX_LINES = 3100
 SCRIPT_MAX_LINES = 150
 SKIP_DIRS = {".venv", ".venv-zoo", "models", "results", ".git", "build", "dist"}
 

@@ -326,3 +326,28 @@ def test_shared_prompts_reuse_keys_without_pinning_sglang_arrays():
     assert cht.memory_footprint().nodes == 3  # the shared prefix, two own suffixes
     first.append(4)  # would raise BufferError if the tree held a buffer view of it
     second.extend([12, 13])
+
+
+def test_branch_leaders_are_each_waiting_group_s_best_in_the_tournament_s_order(tree):
+    assert tree.branch_leaders(4) == []
+    tree.add_waiting("a1", prompt(A, B, C))
+    tree.add_waiting("b1", prompt(B, C, D, E))
+    tree.add_waiting("a2", prompt(A, B, D))
+    tree.add_waiting("b2", prompt(B, C, D, A))
+    tree.add_waiting("e", prompt(E))
+    # (id, deficit, chunks): least deficit first, then arrival; one leader per group
+    assert tree.branch_leaders(8) == [("e", 1, 1), ("a1", 3, 3), ("b1", 4, 4)]
+    assert tree.branch_leaders(2) == [("e", 1, 1), ("a1", 3, 3)]
+    tree.admit("a1")
+    assert tree.branch_leaders(8) == [("a2", 1, 3), ("e", 1, 1), ("b1", 4, 4)]
+    for rid in ("a2", "e"):
+        tree.admit(rid)
+    # every waiting request shares B, C, D: the leaders are where their paths part
+    assert tree.branch_leaders(8) == [("b1", 4, 4), ("b2", 4, 4)]
+
+
+def test_branch_leaders_are_the_least_of_thousands_of_branches(tree):
+    for i in range(5000):
+        tree.add_waiting(i, [i, i, 7])
+    tree.admit(0)
+    assert [rid for rid, _, _ in tree.branch_leaders(3)] == [1, 2, 3]

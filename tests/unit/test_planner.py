@@ -202,3 +202,34 @@ def test_prefix_leader_lookup_only_for_a_new_group(clock):
     p.end_pass(p.plan(max_new=1).rids)  # g0-0 runs: the group's prefix is in the batch
     assert p.plan(max_new=10, cached_prefix_tokens=cached).rids == ["g0-1", "g0-2"]
     assert lookups == []  # their shared part is held by the running batch: no radix lookup
+
+
+def test_a_waiting_group_the_radix_cache_holds_goes_before_an_earlier_uncached_one(clock):
+    p = planner_with(clock, agent="admit")
+    arrive(p, ["g0-0", "g0-1", "g1-0", "g1-1"])
+    cached = {"g1-0": 10 * CHUNK, "g1-1": 10 * CHUNK}  # g1's prefix ran before and stayed cached
+    plan = p.plan(max_new=2, cached_prefix_tokens=lambda rid: cached.get(rid, 0))
+    assert plan.rids == ["g1-0", "g1-1"]
+    assert p.stats.cached_picks == 1  # the first pick; its group then runs and leads the CHT
+    p.end_pass(plan.rids)
+    # off: the chunked hash tree's order alone (g0 arrived first)
+    q = planner_with(clock, agent="admit", cached_groups=0, prefix_leader=False)
+    arrive(q, ["g0-0", "g0-1", "g1-0", "g1-1"])
+    plan = q.plan(max_new=2, cached_prefix_tokens=lambda rid: cached.get(rid, 0))
+    assert plan.rids == ["g0-0", "g0-1"]
+
+
+def test_the_cached_group_lookup_happens_only_when_a_new_group_would_start(clock):
+    p = planner_with(clock, agent="admit", prefix_leader=False)
+    arrive(p, ["g0-0", "g0-1", "g1-0"])
+    lookups = []
+
+    def cached(rid):
+        lookups.append(rid)
+        return 0
+
+    p.end_pass(p.plan(max_new=1, cached_prefix_tokens=cached).rids)  # g0 starts: one lookup
+    assert lookups == ["g0-0", "g1-0"]
+    lookups.clear()
+    assert p.plan(max_new=1, cached_prefix_tokens=cached).rids == ["g0-1"]
+    assert lookups == []  # g0 runs: its members extend the batch without a lookup
