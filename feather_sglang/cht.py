@@ -198,12 +198,12 @@ class ChunkedHashTree:
         """``(id, deficit, chunks)`` of the best waiting request of each of the first ``limit``
         branches where the waiting requests' paths part, in the tournament's order; O(limit x
         depth x log), however many requests wait."""
-        node, entries = self._root, _smallest_live(self._root, 2)
+        wanted = max(limit, 2)  # two tell a node where paths part
+        entries = _smallest_live(self._root, wanted)
         while len(entries) == 1 and type(_item(entries[0])) is _Node:
-            node = _item(entries[0])
-            entries = _smallest_live(node, 2)
+            entries = _smallest_live(_item(entries[0]), wanted)
         leaders = []
-        for entry in _smallest_live(node, limit):
+        for entry in entries[:limit]:
             item = _item(entry)
             while type(item) is _Node:
                 item = _item(_top(item))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections import deque
@@ -131,6 +132,8 @@ class AdmissionPlanner:
         # The agent as it was before this plan, for a partly consumed plan (see end_pass).
         self._agent_checkpoint = agent.checkpoint()
         self._admit_states = []
+        if cached_prefix_tokens is not None:  # the radix cache does not change while planning
+            cached_prefix_tokens = functools.cache(cached_prefix_tokens)
         cached = cached_prefix_tokens if self.config.prefix_leader else None
         groups = self.config.cached_groups if cached_prefix_tokens is not None else 0
         planned_tokens = 0  # estimated new prefill tokens of the picks so far
