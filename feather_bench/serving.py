@@ -421,7 +421,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--add",
         action="store_true",
         help="keep the configurations of a workload's earlier JSON in --out-dir that this run "
-        "does not repeat (same model, seed and bench_serving flags), e.g. to add a backend",
+        "does not repeat (same model, seed and bench_serving flags, a host alike), e.g. to add a "
+        "backend",
     )
     p.add_argument(
         "--interleave",
@@ -449,13 +450,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+# What two hosts must share for one's figures to stand beside the other's in a table.
+SAME_HOST = ("cpu", "cores", "arch", "gpu", "bf16_instructions", "amx", "versions")
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def earlier_rows(path: Path, result: dict, configs: set[str]) -> list[dict]:
+def earlier_rows(
+    path: Path, result: dict, configs: set[str], machine: dict | None = None
+) -> list[dict]:
     """``--add``: the rows of ``path`` for configurations not in ``configs``; the earlier run
-    must have measured the same thing (model, seed and bench_serving flags)."""
+    must have measured the same thing (model, seed and bench_serving flags) on a host alike in
+    :data:`SAME_HOST` (``machine``: this host's :func:`describe`, read when not given)."""
     if not path.exists():
         return []
     old = json.loads(path.read_text())
@@ -464,6 +472,14 @@ def earlier_rows(path: Path, result: dict, configs: set[str]) -> list[dict]:
             raise SystemExit(
                 f"--add: {path} was measured with {key}={old.get(key)!r}, this run with "
                 f"{result[key]!r}; rerun every configuration, or use another --out-dir"
+            )
+    before, now = old.get("machine") or {}, machine or describe()
+    for key in SAME_HOST:
+        if before.get(key) != now.get(key):
+            raise SystemExit(
+                f"--add: {path} was measured on another host ({key}={before.get(key)!r}, this "
+                f"host {now.get(key)!r}); its figures do not compare with this host's: rerun "
+                "every configuration, or use another --out-dir"
             )
     return [
         {"date": old["date"], "git": old["git"], **r}

@@ -6,6 +6,17 @@ import pytest
 
 from feather_bench import serving
 
+HOST = {
+    "cpu": "CPU",
+    "cores": 2,
+    "arch": "x86_64",
+    "gpu": False,
+    "bf16_instructions": False,
+    "amx": False,
+    "python": "3.11.7",
+    "versions": {"sglang": "0.5.23", "torch": "2"},
+}
+
 
 def _row(config, tok_s, date="2026-01-02T00:00:00+00:00"):
     policy, backend = config.split("+")
@@ -29,6 +40,7 @@ def _earlier(tmp_path, **overrides):
         "bench_serving_args": ["--num-prompts", "8"],
         "date": "2026-01-02T00:00:00+00:00",
         "git": {"commit": "a" * 40},
+        "machine": HOST,
         "rows": [_row("dfs-weight+feather", 10.0), _row("feather+feather", 12.0)],
     }
     result.update(overrides)
@@ -40,7 +52,9 @@ def _earlier(tmp_path, **overrides):
 def test_add_keeps_the_configurations_this_run_does_not_repeat(tmp_path):
     path, old = _earlier(tmp_path)
     now = {k: old[k] for k in ("model", "seed", "bench_serving_args")}
-    kept = serving.earlier_rows(path, now, {"feather+feather", "dfs-weight+torch_native"})
+    kept = serving.earlier_rows(
+        path, now, {"feather+feather", "dfs-weight+torch_native"}, machine=HOST
+    )
     assert [r["config"] for r in kept] == ["dfs-weight+feather"]
     assert kept[0]["git"]["commit"] == "a" * 40 and kept[0]["date"].startswith("2026-01-02")
     new = _row("feather+feather", 13.0, date="2026-01-03T00:00:00+00:00")
@@ -55,14 +69,25 @@ def test_add_refuses_an_earlier_run_of_another_workload_shape(tmp_path):
     path, old = _earlier(tmp_path, seed=2)
     now = {"model": "m", "seed": 1, "bench_serving_args": old["bench_serving_args"]}
     with pytest.raises(SystemExit, match="seed=2"):
-        serving.earlier_rows(path, now, set())
+        serving.earlier_rows(path, now, set(), machine=HOST)
+
+
+@pytest.mark.parametrize(
+    "change", [{"bf16_instructions": True}, {"cores": 4}, {"versions": {"sglang": "0.5.24"}}]
+)
+def test_add_refuses_an_earlier_run_on_another_host(tmp_path, change):
+    path, old = _earlier(tmp_path)
+    now = {k: old[k] for k in ("model", "seed", "bench_serving_args")}
+    key = next(iter(change))
+    with pytest.raises(SystemExit, match=f"another host \\({key}="):
+        serving.earlier_rows(path, now, set(), machine={**HOST, **change})
+    assert serving.earlier_rows(path, now, set(), machine={**HOST, "python": "3.12.0"})
 
 
 def test_the_report_names_the_rows_an_earlier_run_measured(tmp_path):
     path, old = _earlier(tmp_path)
     old["rows"][0]["git"] = old["git"]
     old["git"] = {"commit": "b" * 40}
-    old["machine"] = {"cpu": "CPU", "cores": 2, "versions": {"sglang": "0.5.23", "torch": "2"}}
     old["description"], old["repeats"] = "a shape", 2
     for r in old["rows"]:
         r.update(
