@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from feather_bench.dp import per_worker
 from feather_bench.tools.machine import describe, git_state
 from feather_bench.tools.markdown import command_block, wrap
 from feather_bench.tools.server import SGLangServer
@@ -170,6 +171,16 @@ def run_config(
             else {}
         ),
     ) as server:
+        counts = out_dir / f"{workload}.{name}.prefill.json"  # per run, kept as the jsonl is
+        log_at = [0]
+
+        def before_run(repeat: int) -> None:
+            log_at[0] = server.log_path.stat().st_size
+
+        def after_run(repeat: int) -> None:
+            done = json.loads(counts.read_text()) if repeat and counts.exists() else []
+            counts.write_text(json.dumps(done + [prefill_tokens(server.log_path, log_at[0])]))
+
         runs = run_bench(
             server.url,
             model,
@@ -177,12 +188,25 @@ def run_config(
             args,
             out_dir / f"{workload}.{name}.jsonl",
             workload + " " + name,
+            before_run=before_run,
+            after_run=after_run,
             runs=range(args.repeats) if run is None else [run],
         )
     row = {"config": name, "policy": policy, "attention_backend": backend, "date": _now()}
     row.update(runs, interleaved=run is not None)
+    row["prefill_tokens_runs"] = json.loads(counts.read_text())
+    row["prefill_tokens"] = statistics.median(row["prefill_tokens_runs"])
     row["server_args"] = extra
     return row
+
+
+def prefill_tokens(log_path: Path, start: int = 0) -> int:
+    """Prompt tokens the server computed (its prefill lines' ``#new-token``, the bench_serving
+    run's warm-up request included) in its log from byte ``start`` on."""
+    with open(log_path, "rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    return per_worker(text, 1)[0]["new_tokens"]
 
 
 def run_bench(
@@ -274,7 +298,8 @@ def summarize(rows: list[dict]) -> dict:
 def table(rows: list[dict]) -> str:
     head = (
         "| config | output tok/s (runs) | vs best stock, same backend | vs best torch_native | "
-        "TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | p99 TTFT vs fcfs | outputs differing |"
+        "prefill tokens | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | p99 TTFT vs fcfs | "
+        "outputs differing |"
     )
     lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
 
@@ -288,7 +313,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(
             f"| {r['config']} | {r['output_throughput']:.1f} ({spread(r)}) | {f(r.get('vs_best_stock_same_backend'))} | "
-            f"{f(r.get('vs_best_torch_native'))} | {r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | "
+            f"{f(r.get('vs_best_torch_native'))} | {f(r.get('prefill_tokens'), '{:,.0f}')} | "
+            f"{r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | "
             f"{r['median_tpot_ms']:.0f} / {r['p99_tpot_ms']:.0f} | {r['median_itl_ms']:.0f} / {r['p99_itl_ms']:.0f} | "
             f"{f(r.get('p99_ttft_vs_fcfs'))} | {f(r['outputs_differing_from_first_config'], '{}')} |"
         )
@@ -309,6 +335,8 @@ before each run; every figure is the median over the runs, from bench_serving's 
 Ratios: output throughput against the best stock policy (fcfs, lpm, dfs-weight) on the same
 backend, and against the best torch_native configuration. "outputs differing": generated texts
 that differ from the first configuration's (bf16 rounds at ~1e-2, so near-ties can flip).
+"prefill tokens": prompt tokens the server computed in a run (its log's prefill batches, the
+warm-up request included): what a policy's prefix reuse saved.
 """
 
 

@@ -58,6 +58,12 @@ def test_feather_bench_serving_writes_bench_servings_metrics(tiny_model, tmp_pat
     assert set(rows) == {"fcfs+feather", "feather+feather"}
     for row in rows.values():
         assert row["output_throughput"] > 0 and row["errors"] == 0 and row["runs"] == 2
+        # prompt tokens computed per run, from the server's log: each run's own (the cache is
+        # flushed before it), at least both prefixes and every question, at most every prompt
+        # whole (a template's tokens on top) and the warm-up request
+        counts = row["prefill_tokens_runs"]
+        assert len(counts) == 2 and row["prefill_tokens"] == statistics.median(counts)
+        assert all(2 * 128 + 8 * 16 <= n < 9 * 2 * (128 + 16) for n in counts), counts
         assert row["median_ttft_ms"] > 0 and row["p99_itl_ms"] >= row["median_itl_ms"]
     # bench_serving's own JSONL lines are kept, one per run
     text = (tmp_path / "memory-ample.feather+feather.jsonl").read_text()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import feather_cpu
-from feather_bench import router
+from feather_bench import router, serving
 from feather_bench.dp import per_worker, spread
 
 DP_LOG = """\
@@ -101,3 +101,11 @@ def test_smg_streams_without_keep_alive_comments_unless_the_user_sets_them():
         "--cache-threshold",
         "0.5",
     ]
+
+
+def test_bench_serving_counts_the_prompt_tokens_computed_in_its_run_alone(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(ONE_WORKER_LOG)
+    assert serving.prefill_tokens(log) == 51
+    earlier = len(ONE_WORKER_LOG.encode().split(b"Cache flushed")[0])  # a later run's start
+    assert serving.prefill_tokens(log, earlier) == 44
