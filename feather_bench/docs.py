@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from feather_bench.tools.machine import cpu_label
 from feather_bench.tools.markdown import command_block, command_item, wrap
 
 REPO = Path()  # the repository's root: run from there
@@ -74,7 +75,7 @@ def _ab_section(paths: list[Path]) -> list[str]:
             else f"{policy:.2f}x vs {s.get('policy_speedup_same_backend_vs', '?')}"
         )
         commands.append(d.get("command", "?"))
-        by_machine.setdefault(d["machine"].get("cpu", "?"), []).append(
+        by_machine.setdefault(cpu_label(d["machine"]), []).append(
             f"| `{p.relative_to(REPO)}` | [{len(commands)}] | {str(d.get('date', '?'))[:10]} | "
             f"{s['speedup_vs_best_baseline']:.2f}x ({s.get('best_feather')} vs "
             f"{s.get('best_baseline')}) | {policy} | {same} |"
@@ -103,7 +104,7 @@ def _scale_section(path: Path) -> list[str]:
         *command_block(prov["command"]),
         "",
         wrap(
-            f"{m.get('cpu')}, {prov['date'][:10]}, commit "
+            f"{cpu_label(m)}, {prov['date'][:10]}, commit "
             f"`{(prov.get('git') or {}).get('commit', '?')[:10]}`; batch {d['settings']['batch']}. "
             "The times are feather's own part of each pass, then the whole `calc_priority` call, "
             "which adds SGLang's own per-pass work, the same under fcfs: every 32nd pass "
@@ -127,7 +128,7 @@ def _provenance(d: dict) -> tuple[list[str], str]:
     """The command that wrote ``d``, as a fenced block, and where and when it ran."""
     prov, m = d["provenance"], d["provenance"]["machine"]
     commit = ((prov.get("git") or {}).get("commit") or "?")[:10]
-    where = f"{m.get('cpu')}, {m.get('cores')} cores, {prov['date'][:10]}, commit `{commit}`"
+    where = f"{cpu_label(m)}, {m.get('cores')} cores, {prov['date'][:10]}, commit `{commit}`"
     return command_block(prov["command"]), where
 
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from feather_bench.dp import per_worker
-from feather_bench.tools.machine import describe, git_state
+from feather_bench.tools.machine import cpu_label, describe, git_state
 from feather_bench.tools.markdown import command_block, wrap
 from feather_bench.tools.server import SGLangServer
 
@@ -393,7 +393,7 @@ def report(out_dir: Path) -> str:
         )
         where = wrap(
             f"Servers: `--schedule-policy P --attention-backend B` ({server}); {runs_of(r)}. "
-            f"{m['cpu']}, {m['cores']} cores, "
+            f"{cpu_label(m)}, {m['cores']} cores, "
             f"sglang {m['versions']['sglang']}, torch {m['versions']['torch']}, {r['date'][:10]}, "
             f"commit `{(r['git']['commit'] or 'unknown')[:10]}`."
             + "".join(

@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from feather_bench.tools.machine import cpu_label
 from feather_bench.tools.markdown import command_block, wrap
 from feather_rl import provenance, workload_specs
 from feather_rl.episodes import make, run_episode
@@ -222,7 +223,7 @@ def serving_markdown(data: dict, json_path: str) -> str:
         *command_block(prov["command"]),
         "",
         wrap(
-            f"Run {prov['date']} on {m.get('cpu', '?')}, commit {commit}; "
+            f"Run {prov['date']} on {cpu_label(m)}, commit {commit}; "
             f"{len(rows[0]['seeds'])} seeds per regime; simulated output tok/s, mean over seeds; "
             f"from `{json_path}`."
         ),

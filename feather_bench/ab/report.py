@@ -7,6 +7,7 @@ from typing import Optional
 
 from feather_bench.ab.metrics import COLUMNS
 from feather_bench.ab.runner import DEFAULT_BACKEND
+from feather_bench.tools.machine import cpu_label
 from feather_bench.tools.workload import Output, compare_greedy
 
 
@@ -164,7 +165,7 @@ def chart(result: dict, path: Path) -> None:
     )
     if s.get("speedup_vs_best_baseline"):
         head += f" - feather {s['speedup_vs_best_baseline']:.2f}x the best baseline"
-    fig.suptitle(head + f"\n{m['cpu']}, {m['cores']} cores, {result['date'][:10]}", fontsize=10)
+    fig.suptitle(head + f"\n{cpu_label(m)}, {m['cores']} cores, {result['date'][:10]}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

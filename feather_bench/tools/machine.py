@@ -44,6 +44,13 @@ def describe(*dists: str) -> dict:
     }
 
 
+def cpu_label(machine: dict) -> str:
+    """A recorded machine's CPU name, and "with bf16 instructions" where it has them (one name
+    covers hosts whose bf16 speed differs several times over)."""
+    bf16 = " with bf16 instructions" if machine.get("bf16_instructions") else ""
+    return f"{machine.get('cpu', '?')}{bf16}"
+
+
 def git_state() -> dict:
     """The commit measured and the files changed on top of it (None outside a checkout)."""
     import subprocess
