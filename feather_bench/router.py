@@ -117,7 +117,7 @@ def log_counts(text: str) -> dict:
     """Requests, prompt tokens computed and cached tokens in one worker's log ``text``, from its
     last cache flush on (what came before, bench_serving's warm-up request, is left out);
     ``flushed`` says whether a flush was found."""
-    from feather_bench.dp import per_worker
+    from feather_bench.tools.server import per_worker
 
     flushed = FLUSHED in text
     counts = per_worker(text.rpartition(FLUSHED)[2] if flushed else text, 1)[0]

@@ -20,10 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from feather_bench.dp import per_worker
 from feather_bench.tools.machine import cpu_label, describe, git_state
 from feather_bench.tools.markdown import command_block, wrap
-from feather_bench.tools.server import SGLangServer
+from feather_bench.tools.server import SGLangServer, per_worker
 
 STOCK_POLICIES = ("fcfs", "lpm", "dfs-weight")
 BACKENDS = ("torch_native", "feather")

@@ -10,6 +10,7 @@ error, so nothing ever hangs a test suite.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +23,33 @@ import requests
 
 READY_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
+
+
+# SGLang's prefill line: ``[date time DPn] Prefill batch, ...`` from a --dp-size server,
+# ``[date time] Prefill batch, ...`` from a server with one worker
+PREFILL = re.compile(
+    r"(?:DP(\d+)|\d\d:\d\d:\d\d)\] Prefill batch, #new-seq: (\d+), #new-token: (\d+), "
+    r"#cached-token: (\d+)"
+)
+
+
+def per_worker(log_text: str, workers: int, skip: int = 0) -> list[dict]:
+    """Each worker's requests admitted, prompt tokens computed and cached tokens, from the
+    server log's prefill lines (the first ``skip`` lines of each worker left out: warm-up).
+    Lines tagged ``DPn`` count for worker n, untagged ones (a one-worker server's) for worker 0."""
+    rows = [
+        {"worker": w, "requests": 0, "new_tokens": 0, "cached_tokens": 0} for w in range(workers)
+    ]
+    seen = [0] * workers
+    for rank, seqs, new, cached in PREFILL.findall(log_text):
+        w = int(rank or 0)
+        seen[w] += 1
+        if seen[w] <= skip:
+            continue
+        rows[w]["requests"] += int(seqs)
+        rows[w]["new_tokens"] += int(new)
+        rows[w]["cached_tokens"] += int(cached)
+    return rows
 
 
 def _log_file(log_path: str | os.PathLike | None, prefix: str) -> Path:
