@@ -270,18 +270,21 @@ def _prefix_shared_fwd(
         )
     else:
         # own keys of a run of queries on one req_to_token row (decode: one request's suffix;
-        # extend: consecutive new tokens of one request), their GQA_GROUP heads of KV head kvh
-        t = OwnTiles + (pid - n_prefix_tiles) * 2
-        first = tl.load(t + 0)
-        count = tl.load(t + 1)
-        rows = tl.arange(0, BLOCK_M_SUFFIX)
-        row_ok = rows // GQA_GROUP < count
-        b = first + tl.where(row_ok, rows // GQA_GROUP, 0)
-        head = kvh * GQA_GROUP + rows % GQA_GROUP
-        pool_row = tl.load(ReqPoolIdx + first)
-        kv_start = tl.load(PrefixLens + first)  # one request: the same for every query
-        row_kv_end = tl.load(SeqLens + b, mask=row_ok, other=0)
-        kv_end = tl.max(row_kv_end, 0)
+        # extend: consecutive new tokens of one request), their GQA_GROUP heads of KV head kvh.
+        # Names differ from the other branch's: compiled Triton requires a name bound in both
+        # branches of a runtime `if` to have one type, and the tiles have different row counts
+        # (the interpreter does not check this; tests/kernels/test_triton_lowering.py does).
+        ot = OwnTiles + (pid - n_prefix_tiles) * 2
+        first = tl.load(ot + 0)
+        count = tl.load(ot + 1)
+        own_rows = tl.arange(0, BLOCK_M_SUFFIX)
+        own_ok = own_rows // GQA_GROUP < count
+        own_b = first + tl.where(own_ok, own_rows // GQA_GROUP, 0)
+        own_head = kvh * GQA_GROUP + own_rows % GQA_GROUP
+        own_pool_row = tl.load(ReqPoolIdx + first)
+        own_kv_start = tl.load(PrefixLens + first)  # one request: the same for every query
+        own_row_kv_end = tl.load(SeqLens + own_b, mask=own_ok, other=0)
+        own_kv_end = tl.max(own_row_kv_end, 0)
         _attend_tile(
             Q,
             K,
@@ -289,14 +292,14 @@ def _prefix_shared_fwd(
             ReqToToken,
             OPart,
             LsePart,
-            b,
-            head,
-            row_ok,
-            row_kv_end,
+            own_b,
+            own_head,
+            own_ok,
+            own_row_kv_end,
             kvh,
-            pool_row,
-            kv_start,
-            kv_end,
+            own_pool_row,
+            own_kv_start,
+            own_kv_end,
             0,
             scale_log2,
             stride_qb,

@@ -60,7 +60,7 @@ step_status() {  # rc -> word
     case "$1" in
         0) echo "PASS" ;;
         124|137) echo "TIMEOUT (rc $1)" ;;
-        skip) echo "SKIPPED (pytest MISSING)" ;;
+        skip) echo "SKIPPED" ;;
         *) echo "FAIL (rc $1)" ;;
     esac
 }
