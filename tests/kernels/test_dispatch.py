@@ -159,7 +159,7 @@ def test_triton_path_on_gpu(monkeypatch, dtype):
     assert isinstance(plan, TritonDecode)
     got = run_decode(plan, q, torch.empty_like(q), k, v, r2t, rpi, lens, batch.scale)
     ref = decode_attention_reference(q, k, v, r2t, rpi, lens, batch.scale)
-    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3  # fp32 dots run as tf32 on the GPU
     torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)
 
 
