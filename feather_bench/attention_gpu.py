@@ -45,6 +45,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -851,6 +852,7 @@ def main(argv=None) -> int:
     machine = {
         **describe("triton", "flashinfer"),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": shlex.join(["python", "-m", "feather_bench.attention_gpu", *sys.argv[1:]]),
         "git": git_state(),
         "gpu_name": torch.cuda.get_device_name(0) if cuda else None,
         "cuda": torch.version.cuda,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -242,6 +243,76 @@ def _storm_section(path: Path) -> list[str]:
     return lines
 
 
+def _gpu_attention_section(path: Path) -> list[str]:
+    d = json.loads(path.read_text())
+    m, summary = d["machine"], d["summary"]
+    git = m.get("git") or {}
+    commit = (git.get("commit") or "?")[:10]
+    changed = [f for f in git.get("modified") or [] if not f.startswith(".")]
+    if changed:
+        commit += f" + changes to {len(changed)} files"
+    v = m["versions"]
+    lines = [
+        "## Decode attention on a GPU: `make gpu-check`",
+        "",
+        "```",
+        "bash scripts/gpu_check.sh        # its benchmark step:",
+        m.get("command", "python -m feather_bench.attention_gpu"),
+        "```",
+        "",
+        wrap(
+            f"{m['gpu_name']}, CUDA {m['cuda']}, torch {v['torch']}, Triton {v['triton']}, "
+            f"{m['date'][:10]}, commit `{commit}`. One layer's decode step: B requests sharing a "
+            f"P-token prefix plus {d['rows'][0]['suffix']} own tokens each; feather's fused "
+            f"kernel against SGLang's Triton decode kernel ({_kernel_source(m['kernels']['sglang'])}"
+            ", called as its backend calls it). Both matched the torch reference in "
+            f"{min(summary['checked']['feather'], summary['checked']['sglang'])} of "
+            f"{len(d['rows'])} cells before being timed. Times in microseconds: `do_bench` "
+            "medians, host launches included (as a server without CUDA graphs pays them; at "
+            "these sizes mostly launch cost, which varies from run to run), and CUDA-graph "
+            "replays (the GPU's time alone). Speedup: SGLang's time / feather's."
+        ),
+        "",
+        "| shape | dtype | B | P | feather us | SGLang us | speedup | feather us, graph | "
+        "SGLang us, graph | speedup, graph |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def us(r, key):
+        return f"{r[key] * 1e3:,.1f}" if key in r else "-"
+
+    def x(r, key):
+        return f"{r[key]:.2f}x" if key in r else "-"
+
+    for r in d["rows"]:
+        lines.append(
+            f"| {r['shape']} ({r['Hq']}/{r['Hkv']} heads of {r['D']}) | {r['dtype']} | {r['B']} | "
+            f"{r['P']:,} | {us(r, 'feather_ms')} | {us(r, 'sglang_ms')} | "
+            f"{x(r, 'speedup_vs_sglang')} | {us(r, 'feather_graph_ms')} | "
+            f"{us(r, 'sglang_graph_ms')} | {x(r, 'graph_speedup_vs_sglang')} |"
+        )
+    if summary.get("median_graph_speedup_vs_sglang") is not None:
+        lines += [
+            "",
+            wrap(
+                f"Over the {summary['cells_timed_graph_vs_sglang']} cells, CUDA-graph speedup: "
+                f"median {summary['median_graph_speedup_vs_sglang']:.2f}x, least "
+                f"{summary['min_graph_speedup_vs_sglang']:.2f}x; with host launches: median "
+                f"{summary['median_speedup_vs_sglang']:.2f}x, least "
+                f"{summary['min_speedup_vs_sglang']:.2f}x."
+            ),
+        ]
+    return lines
+
+
+def _kernel_source(how: str) -> str:
+    """Where the benchmark took SGLang's kernel from, as recorded, in a reader's words."""
+    digest = re.search(r"decode_attention\.py sha256 (\w+)", how or "")
+    if how and how.startswith("source files") and digest:
+        return f"loaded from SGLang's source files, `decode_attention.py` sha256 {digest[1]}"
+    return how or "?"
+
+
 def _mb(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
@@ -287,6 +358,9 @@ def results_markdown() -> str:
             serving_markdown(json.loads(rl.read_text()), str(rl.relative_to(REPO))),
             "",
         ]
+    gpu = REPO / "results" / "gpu" / "bench_attention_gpu.json"
+    if gpu.exists():
+        parts += _gpu_attention_section(gpu) + [""]
     scale = REPO / "results" / "scale" / "scale.json"
     if scale.exists():
         parts += _scale_section(scale) + [""]
