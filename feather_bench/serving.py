@@ -208,6 +208,28 @@ def prefill_tokens(log_path: Path, start: int = 0) -> int:
     return per_worker(text, 1)[0]["new_tokens"]
 
 
+def _jsonl_runs(jsonl: Path) -> list[dict]:
+    """The runs ``python -m sglang.bench_serving --output-file`` appended to ``jsonl``."""
+    return [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+
+
+def _first_texts(row: dict) -> list[str] | None:
+    """The first run's generated texts of ``row``: its own, or, for a row kept from an earlier
+    run by ``--add``, read back from its bench_serving JSONL when that file is still there."""
+    if row.get("generated_texts") is not None:
+        return row["generated_texts"]
+    jsonl = Path(row.get("jsonl") or "")
+    if not jsonl.is_file():
+        return None
+    runs = _jsonl_runs(jsonl)
+    return runs[0].get("generated_texts") if runs else None
+
+
+def _provenance(result: dict) -> tuple[str, str | None]:
+    """The day and commit a result (or a row kept by ``--add``) was measured on."""
+    return result["date"][:10], result["git"]["commit"]
+
+
 def run_bench(
     url: str,
     model: str,
@@ -254,7 +276,7 @@ def run_bench(
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
         if after_run is not None:
             after_run(repeat)
-    runs = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    runs = _jsonl_runs(jsonl)
     row = {"runs": len(runs), "jsonl": str(jsonl)}
     for key in METRICS:
         row[key] = statistics.median(r[key] for r in runs)
@@ -271,7 +293,7 @@ def summarize(rows: list[dict]) -> dict:
     out = {}
     native = [r for r in rows if r["attention_backend"] == "torch_native"]
     best_native = max(native, key=lambda r: r["output_throughput"]) if native else None
-    ref = rows[0].get("generated_texts")
+    ref = _first_texts(rows[0])
     for r in rows:
         b = r["attention_backend"]
         stock = [by[(p, b)] for p in STOCK_POLICIES if (p, b) in by]
@@ -399,7 +421,7 @@ def report(out_dir: Path) -> str:
                 f" {row['config']}: an earlier run (`--add`), {row['date'][:10]}, commit "
                 f"`{(row['git']['commit'] or 'unknown')[:10]}`."
                 for row in r["rows"]
-                if "git" in row
+                if "git" in row and _provenance(row) != _provenance(r)
             )
         )
         parts.append(

@@ -65,6 +65,27 @@ def test_add_keeps_the_configurations_this_run_does_not_repeat(tmp_path):
     assert rows[0]["outputs_differing_from_first_config"] == 3  # what its own run found
 
 
+def test_add_compares_new_outputs_with_the_kept_first_configurations_jsonl(tmp_path):
+    path, old = _earlier(tmp_path)
+    jsonl = tmp_path / "memory-bound.dfs-weight+feather.jsonl"
+    jsonl.write_text(json.dumps({"generated_texts": ["a", "b", "c"]}) + "\n")
+    now = {k: old[k] for k in ("model", "seed", "bench_serving_args")}
+    kept = serving.earlier_rows(path, now, {"feather+feather"}, machine=HOST)
+    kept[0]["jsonl"] = str(jsonl)
+    new = _row("feather+feather", 13.0)
+    new["generated_texts"] = ["a", "x", "c"]
+    rows = kept + [new]
+    serving.summarize(rows)
+    assert rows[1]["outputs_differing_from_first_config"] == 1
+    jsonl.unlink()  # gone (e.g. a committed JSON without its JSONL): nothing to compare with
+    new = _row("feather+feather", 13.0)
+    del new["outputs_differing_from_first_config"]
+    new["generated_texts"] = ["a", "x", "c"]
+    rows = kept + [new]
+    serving.summarize(rows)
+    assert rows[1]["outputs_differing_from_first_config"] is None
+
+
 def test_add_refuses_an_earlier_run_of_another_workload_shape(tmp_path):
     path, old = _earlier(tmp_path, seed=2)
     now = {"model": "m", "seed": 1, "bench_serving_args": old["bench_serving_args"]}
@@ -99,6 +120,9 @@ def test_the_report_names_the_rows_an_earlier_run_measured(tmp_path):
     text = " ".join(serving.report(tmp_path).split())  # the prose is wrapped
     assert "dfs-weight+feather: an earlier run (`--add`), 2026-01-02, commit `aaaaaaaaaa`" in text
     assert "feather+feather: an earlier run" not in text
+    old["rows"][0]["git"], old["rows"][0]["date"] = old["git"], old["date"]  # same day and commit
+    path.write_text(json.dumps(old))
+    assert "an earlier run" not in serving.report(tmp_path)
 
 
 def test_the_report_says_how_many_runs_each_row_is_the_median_of():
