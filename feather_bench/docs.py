@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from feather_bench.tools.machine import cpu_label
+from feather_bench.tools.machine import cpu_label, short_commit
 from feather_bench.tools.markdown import command_block, command_item, wrap
 
 REPO = Path()  # the repository's root: run from there
@@ -106,7 +106,7 @@ def _scale_section(path: Path) -> list[str]:
         "",
         wrap(
             f"{cpu_label(m)}, {prov['date'][:10]}, commit "
-            f"`{(prov.get('git') or {}).get('commit', '?')[:10]}`; batch {d['settings']['batch']}. "
+            f"`{short_commit(prov.get('git'))}`; batch {d['settings']['batch']}. "
             "The times are feather's own part of each pass, then the whole `calc_priority` call, "
             "which adds SGLang's own per-pass work, the same under fcfs: every 32nd pass "
             "refreshes the LRU recency of the first 128 waiting prefixes."
@@ -128,7 +128,7 @@ def _scale_section(path: Path) -> list[str]:
 def _provenance(d: dict) -> tuple[list[str], str]:
     """The command that wrote ``d``, as a fenced block, and where and when it ran."""
     prov, m = d["provenance"], d["provenance"]["machine"]
-    commit = ((prov.get("git") or {}).get("commit") or "?")[:10]
+    commit = short_commit(prov.get("git"))
     where = f"{cpu_label(m)}, {m.get('cores')} cores, {prov['date'][:10]}, commit `{commit}`"
     return command_block(prov["command"]), where
 
@@ -247,7 +247,7 @@ def _gpu_attention_section(path: Path) -> list[str]:
     d = json.loads(path.read_text())
     m, summary = d["machine"], d["summary"]
     git = m.get("git") or {}
-    commit = (git.get("commit") or "?")[:10]
+    commit = short_commit(git)
     changed = [f for f in git.get("modified") or [] if not f.startswith(".")]
     if changed:
         commit += f" + changes to {len(changed)} files"

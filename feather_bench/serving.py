@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from feather_bench.tools.machine import cpu_label, describe, git_state
+from feather_bench.tools.machine import cpu_label, describe, git_state, short_commit
 from feather_bench.tools.markdown import command_block, wrap
 from feather_bench.tools.server import SGLangServer, per_worker
 
@@ -416,10 +416,10 @@ def report(out_dir: Path) -> str:
             f"Servers: `--schedule-policy P --attention-backend B` ({server}); {runs_of(r)}. "
             f"{cpu_label(m)}, {m['cores']} cores, "
             f"sglang {m['versions']['sglang']}, torch {m['versions']['torch']}, {r['date'][:10]}, "
-            f"commit `{(r['git']['commit'] or 'unknown')[:10]}`."
+            f"commit `{short_commit(r['git'], 'unknown')}`."
             + "".join(
                 f" {row['config']}: an earlier run (`--add`), {row['date'][:10]}, commit "
-                f"`{(row['git']['commit'] or 'unknown')[:10]}`."
+                f"`{short_commit(row['git'], 'unknown')}`."
                 for row in r["rows"]
                 if "git" in row and _provenance(row) != _provenance(r)
             )

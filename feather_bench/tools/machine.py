@@ -72,3 +72,8 @@ def git_state() -> dict:
         }
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "modified": None}
+
+
+def short_commit(git: dict | None, missing: str = "?") -> str:
+    """The first 10 digits of the commit in ``git_state()``'s record, ``missing`` without one."""
+    return ((git or {}).get("commit") or missing)[:10]
