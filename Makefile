@@ -129,7 +129,8 @@ rl-zoo: setup
 .PHONY: bench-scaleout-sim
 SCALEOUT_ARGS ?=
 bench-scaleout-sim: setup
-	OMP_NUM_THREADS=1 $(PYTHON) -m feather_rl.scaleout --json results/scaleout/projection.json $(SCALEOUT_ARGS)
+	OMP_NUM_THREADS=1 $(PYTHON) -m feather_rl.scaleout --costs feather_rl/data/step_costs_cpu_xeon-2.8ghz.json \
+		--json results/scaleout/projection.json $(SCALEOUT_ARGS)
 
 # Two data-parallel feather workers on this host, SGLang's round robin against prefix_group
 # routing, measured with sglang.bench_serving (docs/scale-out.md)

@@ -97,12 +97,12 @@ def evaluate(agents, workloads, seeds, env, warmup_episodes: int = 20, progress=
     return rows
 
 
-def evaluate_serving(agents, regime_list, seeds, progress=None) -> list[dict]:
+def evaluate_serving(agents, regime_list, seeds, progress=None, costs=None) -> list[dict]:
     """One row per (agent, regime): the simulated server's output throughput per seed."""
     from feather_rl.bound import max_throughput
     from feather_rl.simulator import StepCosts, simulate
 
-    costs, rows = StepCosts.load(), []
+    costs, rows = costs or StepCosts.load(), []
     for spec in agents:
         for regime in regime_list:
             results = [
@@ -362,6 +362,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="which agent the summary ratios are for (default: the first ppo:/dqn:)",
     )
+    ap.add_argument(
+        "--costs",
+        type=Path,
+        default=None,
+        help="serving: the simulator's step costs, a JSON file as feather-calibrate writes "
+        "(default: feather_rl/data/step_costs_cpu.json)",
+    )
     ap.add_argument("--json", default=None, help="write rows and summary to this JSON file")
     ap.add_argument(
         "--report",
@@ -394,12 +401,20 @@ def main(argv: list[str] | None = None) -> int:
             make(spec)
         except ValueError as e:
             ap.error(f"--agents: {e}")
+    if args.costs is not None and args.env != "serving":
+        ap.error("--costs applies to --env serving only")
     seeds = list(range(args.seeds))
     trained = args.trained or next((a for a in agents if a.split(":")[0] in ("ppo", "dqn")), None)
     started = time.time()
     if serving:
         from feather_rl import regimes
+        from feather_rl.simulator import DEFAULT_CALIBRATION, StepCosts
 
+        costs_path = args.costs or DEFAULT_CALIBRATION
+        try:
+            costs = StepCosts.load(costs_path)
+        except ValueError as e:
+            ap.error(f"--costs: {e}")
         if not {"static", "always-add"} <= set(agents):
             ap.error(
                 "--agents: the serving summary compares with static and always-add; include both"
@@ -418,15 +433,13 @@ def main(argv: list[str] | None = None) -> int:
             unit="run",
             file=sys.stderr,
         ) as bar:
-            rows = evaluate_serving(agents, chosen, seeds, bar)
+            rows = evaluate_serving(agents, chosen, seeds, bar, costs)
         summary = summarize_serving(rows, trained)
         print(serving_table(rows, summary))
-        from feather_rl.simulator import DEFAULT_CALIBRATION
-
         context = {
             "env": "serving",
             "regimes": [r.__dict__ for r in chosen],
-            "step_costs": json.loads(DEFAULT_CALIBRATION.read_text()),
+            "step_costs": json.loads(Path(costs_path).read_text()),
             "eval_seed_base": EVAL_SEED,
         }
     else:

@@ -594,7 +594,10 @@ def main(argv: list[str] | None = None) -> int:
         if r not in ROUTERS:
             ap.error(f"unknown router {r!r}; allowed: {', '.join(ROUTERS)}")
     backends = [b for b in args.backends.split(",") if b]
-    costs = StepCosts.load(args.costs)
+    try:
+        costs = StepCosts.load(args.costs)
+    except ValueError as e:
+        ap.error(f"--costs: {e}")
     shapes = grid(
         args.groups,
         args.prefixes,

@@ -50,12 +50,28 @@ class StepCosts:
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CALIBRATION) -> "StepCosts":
-        data = json.loads(Path(path).read_text())
-        return cls(
-            {k: tuple(v) for k, v in data["decode"].items()},
-            data["prefill_fixed_s"],
-            data["prefill_per_token_s"],
-        )
+        """Read a calibration as ``feather-calibrate`` writes it; ValueError says what is wrong."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read step costs {path}: {e}") from None
+        try:
+            decode = {k: tuple(float(x) for x in v) for k, v in data["decode"].items()}
+            costs = cls(decode, float(data["prefill_fixed_s"]), float(data["prefill_per_token_s"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(
+                f"{path} is not a step-cost calibration (feather-calibrate --out): {e!r}"
+            ) from None
+        kinds = {"prefix_shared", "per_request"}
+        if set(decode) != kinds or any(len(v) != 3 for v in decode.values()):
+            raise ValueError(
+                f"{path}: 'decode' must map {sorted(kinds)} to [fixed_s, per_request_s, per_token_s]"
+            )
+        if not all(math.isfinite(x) and x >= 0 for v in decode.values() for x in v) or not all(
+            math.isfinite(x) and x >= 0 for x in (costs.prefill_fixed_s, costs.prefill_per_token_s)
+        ):
+            raise ValueError(f"{path}: step costs must be finite and >= 0")
+        return costs
 
     def decode_s(self, prefix_shared: bool, batch: int, attended_tokens: int) -> float:
         a, b, c = self.decode["prefix_shared" if prefix_shared else "per_request"]

@@ -13,7 +13,7 @@ import feather_rl
 from feather_rl import calibrate, evaluate, regimes
 from feather_rl.episodes import make
 from feather_rl.serving_env import ServingEnv
-from feather_rl.simulator import Regime, Server, StepCosts, simulate
+from feather_rl.simulator import DEFAULT_CALIBRATION, Regime, Server, StepCosts, simulate
 from feather_sglang.agents import Action, AgentState, StopAddAgent
 
 SMALL = Regime("small", groups=3, requests=24, prefix_len=256, kv_groups=1.5)
@@ -154,3 +154,61 @@ def test_serving_eval_summarises_geomeans(tmp_path, capsys):
     assert "trained_vs_best_fixed" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         evaluate.main(["--regimes", "nope"])
+
+
+def test_eval_prices_with_the_costs_it_is_given(tmp_path, capsys):
+    """--costs: the simulator runs on that calibration, and the JSON records it."""
+    shipped = json.loads(DEFAULT_CALIBRATION.read_text())
+    slow = dict(
+        shipped,
+        decode={k: [3 * x for x in v] for k, v in shipped["decode"].items()},
+        prefill_fixed_s=3 * shipped["prefill_fixed_s"],
+        prefill_per_token_s=3 * shipped["prefill_per_token_s"],
+    )
+    slow_path = tmp_path / "slow.json"
+    slow_path.write_text(json.dumps(slow))
+    common = ["--agents", "static,always-add", "--regimes", "memory-ample/feather", "--seeds", "1"]
+    means = {}
+    for name, extra in (("shipped", []), ("slow", ["--costs", str(slow_path)])):
+        out = tmp_path / f"{name}.json"
+        assert evaluate.main([*common, *extra, "--json", str(out)]) == 0
+        data = json.loads(out.read_text())
+        means[name] = next(r["mean_reward"] for r in data["rows"] if r["agent"] == "always-add")
+        assert (
+            data["provenance"]["step_costs"]["decode"]
+            == (slow if name == "slow" else shipped)["decode"]
+        )
+    # every step three times as long (same seeded noise, all requests at once): a third the tokens/s
+    assert means["slow"] == pytest.approx(means["shipped"] / 3, rel=1e-3)
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (None, "cannot read step costs"),
+        ("not json", "cannot read step costs"),
+        ('{"decode": {}}', "not a step-cost calibration"),
+        (
+            '{"decode": {"prefix_shared": [1, 2, 3]}, "prefill_fixed_s": 0, "prefill_per_token_s": 0}',
+            "'decode' must map",
+        ),
+        (
+            '{"decode": {"prefix_shared": [1, 2, 3], "per_request": [1, -2, 3]}, '
+            '"prefill_fixed_s": 0, "prefill_per_token_s": 0}',
+            "finite and >= 0",
+        ),
+    ],
+)
+def test_bad_step_costs_are_refused_with_the_reason(tmp_path, capsys, text, message):
+    path = tmp_path / "costs.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        StepCosts.load(path)
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main(["--costs", str(path), "--seeds", "1"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluate.main(["--env", "batch", "--costs", str(DEFAULT_CALIBRATION)])

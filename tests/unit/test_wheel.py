@@ -20,6 +20,7 @@ PACKAGES = ("feather_sglang", "feather_cpu", "feather_kernels", "feather_rl", "f
 PACKAGE_DATA = (
     "feather_rl/data/replay_tiny-llama.json",
     "feather_rl/data/step_costs_cpu.json",
+    "feather_rl/data/step_costs_cpu_xeon-2.8ghz.json",
     "feather_rl/agents/ppo_serving.zip",
     "feather_rl/agents/ppo_serving.json",
     "feather_rl/hyperparams/ppo.yml",
