@@ -67,9 +67,8 @@ class StepCosts:
             raise ValueError(
                 f"{path}: 'decode' must map {sorted(kinds)} to [fixed_s, per_request_s, per_token_s]"
             )
-        if not all(math.isfinite(x) and x >= 0 for v in decode.values() for x in v) or not all(
-            math.isfinite(x) and x >= 0 for x in (costs.prefill_fixed_s, costs.prefill_per_token_s)
-        ):
+        values = [*decode["prefix_shared"], *decode["per_request"], costs.prefill_fixed_s]
+        if not all(math.isfinite(x) and x >= 0 for x in [*values, costs.prefill_per_token_s]):
             raise ValueError(f"{path}: step costs must be finite and >= 0")
         return costs
 

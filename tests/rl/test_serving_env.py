@@ -210,5 +210,8 @@ def test_bad_step_costs_are_refused_with_the_reason(tmp_path, capsys, text, mess
         evaluate.main(["--costs", str(path), "--seeds", "1"])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_costs_are_refused_outside_the_serving_env():
     with pytest.raises(SystemExit):
         evaluate.main(["--env", "batch", "--costs", str(DEFAULT_CALIBRATION)])
