@@ -56,6 +56,26 @@ def _random_ids(input_len: int, output_len: int, range_ratio: str, prompts: int)
     )
 
 
+# The memory-bound shape scaled to what a 2-core CPU serves in minutes: 16 groups x 12
+# prompts (more than lpm's 128-request limit), 512-token prefixes, a pool of ~4 groups:
+# 4 x (512 + 12 x 64) = 5,120 tokens.
+_MEMORY_BOUND_CPU = (
+    "16 groups x 12 prompts sharing 512-token prefixes, a KV pool of 5,120 tokens (~4 groups)",
+    (
+        *_GSP,
+        "--gsp-num-groups",
+        "16",
+        "--gsp-prompts-per-group",
+        "12",
+        "--gsp-system-prompt-len",
+        "512",
+        "--num-prompts",
+        "192",
+    ),
+    ("--max-total-tokens", "5120"),
+)
+
+
 # name -> (what it is, bench_serving arguments, server arguments)
 WORKLOADS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "memory-ample": (
@@ -73,24 +93,7 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ),
         (),
     ),
-    # The memory-bound shape scaled to what a 2-core CPU serves in minutes: 16 groups x 12
-    # prompts (more than lpm's 128-request limit), 512-token prefixes, a pool of ~4 groups:
-    # 4 x (512 + 12 x 64) = 5,120 tokens.
-    "memory-bound-cpu": (
-        "16 groups x 12 prompts sharing 512-token prefixes, a KV pool of 5,120 tokens (~4 groups)",
-        (
-            *_GSP,
-            "--gsp-num-groups",
-            "16",
-            "--gsp-prompts-per-group",
-            "12",
-            "--gsp-system-prompt-len",
-            "512",
-            "--num-prompts",
-            "192",
-        ),
-        ("--max-total-tokens", "5120"),
-    ),
+    "memory-bound-cpu": _MEMORY_BOUND_CPU,
     # 4 groups' prefixes plus their 16 requests' own tokens: 4 x (1024 + 16 x 64) = 8,192
     "memory-bound": (
         "32 groups x 16 prompts sharing 1,024-token prefixes, a KV pool of 8,192 tokens (~4 groups)",
@@ -127,20 +130,8 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # serves memory-bound-cpu at about 2.3 requests/s there, all requests sent at once.
     "online": (
         "memory-bound-cpu, requests arriving at 2 requests/s (Poisson)",
-        (
-            *_GSP,
-            "--gsp-num-groups",
-            "16",
-            "--gsp-prompts-per-group",
-            "12",
-            "--gsp-system-prompt-len",
-            "512",
-            "--num-prompts",
-            "192",
-            "--request-rate",
-            "2",
-        ),
-        ("--max-total-tokens", "5120"),
+        (*_MEMORY_BOUND_CPU[1], "--request-rate", "2"),
+        _MEMORY_BOUND_CPU[2],
     ),
 }
 
