@@ -350,6 +350,21 @@ def results_markdown() -> str:
             "",
             body.replace("\n## ", "\n### "),
         ]
+    for host in sorted(p for p in (bench_dir / "hosts").glob("*") if p.is_dir()):
+        if any(host.glob("*.json")):
+            body = serving.report(host)
+            parts += [
+                f"## SGLang's own client on another host (`{host.relative_to(REPO)}`)",
+                "",
+                wrap(
+                    "The same method as above, run with `--out-dir` naming this folder, on a host "
+                    "whose speed differs: the ratios show how the policies compare there."
+                ),
+                "",
+                body[body.index("## Summary") :]
+                .replace("## ", "### ", 1)
+                .replace("\n## ", "\n### "),
+            ]
     rl = REPO / "results" / "rl" / "eval_serving.json"
     if rl.exists():
         parts += [

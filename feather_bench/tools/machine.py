@@ -45,10 +45,10 @@ def describe(*dists: str) -> dict:
 
 
 def cpu_label(machine: dict) -> str:
-    """A recorded machine's CPU name, and "with bf16 instructions" where it has them (one name
-    covers hosts whose bf16 speed differs several times over)."""
-    bf16 = " with bf16 instructions" if machine.get("bf16_instructions") else ""
-    return f"{machine.get('cpu', '?')}{bf16}"
+    """A recorded machine's CPU name, and whether it has bf16 instructions (one name covers hosts
+    whose speed differs several times over; without them the CPU runtime serves fp32)."""
+    bf16 = {True: " with bf16 instructions", False: " without bf16 instructions"}
+    return f"{machine.get('cpu', '?')}{bf16.get(machine.get('bf16_instructions'), '')}"
 
 
 def git_state() -> dict:
