@@ -360,10 +360,7 @@ def results_markdown() -> str:
                     "The same method as above, run with `--out-dir` naming this folder, on a host "
                     "whose speed differs: the ratios show how the policies compare there."
                 ),
-                "",
-                body[body.index("## Summary") :]
-                .replace("## ", "### ", 1)
-                .replace("\n## ", "\n### "),
+                body[body.index("\n## Summary") :].replace("\n## ", "\n### "),
             ]
     rl = REPO / "results" / "rl" / "eval_serving.json"
     if rl.exists():
