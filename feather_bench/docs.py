@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -123,6 +124,79 @@ def _scale_section(path: Path) -> list[str]:
             f"{r['cht_bytes_per_prompt_token']:.2f} | {r.get('feather_bytes_per_prompt_token', '-')} |"
         )
     return lines
+
+
+def _split_server_args(args: list[str]) -> tuple[str, str]:
+    """A row's server arguments: (the others, the ``--feather-*`` flags), each flag with its
+    values."""
+    parts: dict[bool, list[str]] = {False: [], True: []}
+    feather = False
+    for word in args:
+        if word.startswith("--"):
+            feather = word.startswith("--feather-")
+        parts[feather].append(word)
+    return " ".join(parts[False]), " ".join(parts[True])
+
+
+def _options_section(topic: Path) -> list[str]:
+    """Values of feather's options on one workload: ``feather-bench-serving --feather-args``
+    runs, each into a folder of its own under ``topic``; medians over the folders."""
+    results = [
+        r for p in sorted(topic.rglob("*.json")) if isinstance(r := json.loads(p.read_text()), dict)
+    ]
+    first, m = results[0], results[0]["machine"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        for row in r["rows"]:
+            flags = _split_server_args(row["server_args"])[1]
+            groups.setdefault((r["workload"], row["config"], flags), []).append(row)
+    base = {}
+    table = [
+        "| workload | config | feather flags | output tok/s (runs) | vs defaults | TTFT p50 / p99 ms "
+        "| p99 TTFT vs defaults | prefill tokens |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    keys = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "prefill_tokens")
+    for (workload, config, flags), rows in sorted(groups.items()):  # the defaults ("") first
+        runs = sorted(x for row in rows for x in row["output_throughput_runs"])
+        med = {k: statistics.median(row[k] for row in rows) for k in keys}
+        if not flags:
+            base[workload, config] = med
+        ref = base.get((workload, config))
+        ratio = (lambda k: f"{med[k] / ref[k]:.2f}x") if ref else (lambda k: "-")
+        label = f"`{flags}`" if flags else "defaults"
+        table.append(
+            f"| {workload} | {config} | {label} | {med['output_throughput']:.1f} "
+            f"({', '.join(f'{x:.1f}' for x in runs)}) | {ratio('output_throughput')} | "
+            f"{med['median_ttft_ms']:.0f} / {med['p99_ttft_ms']:.0f} | {ratio('p99_ttft_ms')} | "
+            f"{med['prefill_tokens']:,.0f} |"
+        )
+    commits = sorted({short_commit(r["git"]) for r in results})
+    dates = sorted({r["date"][:10] for r in results})
+    server = _split_server_args(first["rows"][0]["server_args"])[0]
+    order = [
+        _split_server_args(row["server_args"])[1]
+        for r in sorted(results, key=lambda r: r["date"])
+        for row in r["rows"]
+    ]
+    turns = "taking turns" if all(a != b for a, b in zip(order, order[1:])) else "in sequence"
+    return [
+        f"## feather's options on a real server (`{topic.relative_to(REPO)}`)",
+        "",
+        *command_block(
+            f"python -m sglang.bench_serving {' '.join(first['bench_serving_args'])} "
+            f"--seed {first['seed']} --flush-cache --warmup-requests 1"
+        ),
+        "",
+        wrap(
+            f"Servers: `--schedule-policy {first['rows'][0]['policy']} {server}` and each row's "
+            f"feather flags; {len(order)} servers, one after another, {turns}, each running "
+            f"bench_serving {first['repeats']} time(s). {cpu_label(m)}, {m['cores']} cores, sglang {m['versions']['sglang']}, "
+            f"{', '.join(dates)}, commit {', '.join(f'`{c}`' for c in commits)}."
+        ),
+        "",
+        *table,
+    ]
 
 
 def _provenance(d: dict) -> tuple[list[str], str]:
@@ -362,6 +436,8 @@ def results_markdown() -> str:
                 ),
                 body[body.index("\n## Summary") :].replace("\n## ", "\n### "),
             ]
+    for topic in sorted(p for p in (bench_dir / "options").glob("*") if p.is_dir()):
+        parts += _options_section(topic) + [""]
     rl = REPO / "results" / "rl" / "eval_serving.json"
     if rl.exists():
         parts += [

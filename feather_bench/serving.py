@@ -192,6 +192,25 @@ def run_config(
     return row
 
 
+def without_flags(words, given) -> list[str]:
+    """``words`` (a command line's flags, each with its values) without the flags ``given`` also
+    sets: ``given`` comes after them and replaces them."""
+    drop = {w.split("=", 1)[0] for w in given if w.startswith("--")}
+    kept, keep = [], True
+    for word in words:
+        if word.startswith("--"):
+            keep = word.split("=", 1)[0] not in drop
+        if keep:
+            kept.append(word)
+    return kept
+
+
+def bench_serving_args(workload_args, bench_args: str) -> list[str]:
+    """The bench_serving flags a run uses: the workload's, those ``--bench-args`` sets replaced."""
+    given = shlex.split(bench_args)
+    return without_flags(workload_args, given) + given
+
+
 def prefill_tokens(log_path: Path, start: int = 0) -> int:
     """Prompt tokens the server computed (its prefill lines' ``#new-token``, the bench_serving
     run's warm-up request included) in its log from byte ``start`` on."""
@@ -239,6 +258,7 @@ def run_bench(
     of its metrics over every run in ``jsonl`` (emptied by run 0). ``before_run(repeat)`` and
     ``after_run(repeat)`` are called around each run."""
     runs = range(args.repeats) if runs is None else runs
+    user_args = shlex.split(args.bench_args)
     if 0 in runs:
         jsonl.unlink(missing_ok=True)
     for repeat in runs:
@@ -254,7 +274,7 @@ def run_bench(
             url,
             "--model",
             model,
-            *bench_args,
+            *without_flags(bench_args, user_args),
             "--seed",
             str(args.seed),
             "--flush-cache",
@@ -263,7 +283,7 @@ def run_bench(
             "--output-details",
             "--output-file",
             str(jsonl),
-            *shlex.split(args.bench_args),
+            *user_args,
         ]
         print(f"[bench-serving] {label} run {repeat + 1}/{args.repeats}", flush=True)
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
@@ -543,7 +563,7 @@ def main(argv=None) -> int:
         result = {
             "workload": workload,
             "description": WORKLOADS[workload][0],
-            "bench_serving_args": list(WORKLOADS[workload][1]) + shlex.split(args.bench_args),
+            "bench_serving_args": bench_serving_args(WORKLOADS[workload][1], args.bench_args),
             "model": args.model,
             "repeats": args.repeats,
             "seed": args.seed,

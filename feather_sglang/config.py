@@ -11,6 +11,7 @@ from feather_sglang.options import (
     boolean,
     flag,
     int_at_least,
+    non_negative,
     opt,
     positive_seconds,
 )
@@ -51,9 +52,16 @@ _LAST = {
     "max_wait_s": opt(
         60.0,
         positive_seconds,
-        "Starvation bound: once the oldest request has waited longer than this many seconds, its "
-        "prefix group's waiting requests are admitted first, oldest first, whatever the batch "
-        "holds, one group at a time (> 0; 'inf' disables).",
+        "Starvation bound: once the oldest request has waited longer than this many seconds "
+        "(and --feather-max-wait-ratio times the recent wait), its prefix group's waiting "
+        "requests are admitted first, oldest first, one group at a time (> 0; 'inf' disables).",
+    ),
+    "max_wait_ratio": opt(
+        2.0,
+        non_negative,
+        "Starvation bound, relative part: a request must also outwait this many times the "
+        "recent wait of admitted requests, so a queue all wait in alike (a batch sent at once, a "
+        "slow server) keeps feather's order (>= 0; 0: the seconds alone).",
     ),
     "cached_groups": opt(
         8,

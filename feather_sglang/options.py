@@ -44,6 +44,16 @@ def positive_seconds(name: str, value: Any) -> float:
     return as_float
 
 
+def non_negative(name: str, value: Any) -> float:
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        as_float = math.nan
+    if not 0 <= as_float < math.inf:  # NaN too
+        raise FeatherConfigError(f"{flag(name)} must be a number >= 0, got {value!r}")
+    return as_float
+
+
 def boolean(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value

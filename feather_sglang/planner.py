@@ -13,6 +13,8 @@ from feather_sglang.agents import Action, AgentState, make_agent
 from feather_sglang.cht import ChunkedHashTree, RequestState, with_costs
 from feather_sglang.config import FeatherConfig
 
+RECENT_ADMISSIONS = 8  # the recent wait's window: an admission's weight is 1/8
+
 
 @dataclass(slots=True)
 class Plan:
@@ -52,6 +54,8 @@ class AdmissionPlanner:
         # The starved group being served (request ids, oldest first).
         self._drain: deque[Hashable] = deque()
         self._oldest_scan = iter(())
+        # The recent wait: an exponential moving average of admitted requests' waits (s).
+        self._admitted_wait, self._admissions = 0.0, 0
         self.stats = PlannerStats()
 
     # ---- keeping in step with the scheduler ------------------------------------------------
@@ -223,7 +227,8 @@ class AdmissionPlanner:
             drain.popleft()
         if drain:
             return drain
-        deadline = self.clock() - self.config.max_wait_s
+        bound = max(self.config.max_wait_s, self.config.max_wait_ratio * self._admitted_wait)
+        deadline = self.clock() - bound
         oldest = next(
             (rid for rid in self._oldest_scan if cht.state(rid) is RequestState.WAITING), None
         )
@@ -264,8 +269,13 @@ class AdmissionPlanner:
             return
         admitted = set(admitted)
         rolled_back = False
+        now = self.clock()
         for rid in self._pending:
             if rid in admitted:
+                wait = now - self._waiting_since.get(rid, now)
+                self._admissions += 1  # a plain mean until the average's window has filled
+                weight = max(1 / self._admissions, 1 / RECENT_ADMISSIONS)
+                self._admitted_wait += (wait - self._admitted_wait) * weight
                 self._dequeued(rid)
                 self.stats.admitted += 1
             elif rid in self.cht and self.cht.state(rid) is RequestState.RUNNING:

@@ -17,9 +17,12 @@ from feather_bench.tools.workload import compare_greedy, generate_all, grouped_p
 pytestmark = pytest.mark.e2e
 
 IDLE_CHECK_WAIT_S = 4.0  # SGLang's idle memory check (a leaked KV slot stops the server)
-# fp32; the static agent's STOPs and a short starvation bound, so that clock-based admissions
-# happen while 48 requests queue on a 2-core host
-ARGS = ["--dtype", "float32", "--feather-agent", "static", "--feather-max-wait-s", "0.5"]
+# fp32; the static agent's STOPs and a short starvation bound in seconds alone, so that
+# clock-based admissions happen while 48 requests queue on a 2-core host
+ARGS = [
+    *("--dtype", "float32", "--feather-agent", "static"),
+    *("--feather-max-wait-s", "0.5", "--feather-max-wait-ratio", "0"),
+]
 STATS = re.compile(
     r"TP(\d)\] feather: sched_time=.* admitted=(\d+) rolled_back=(\d+) starved=(\d+) "
     r"stops=(\{.*?\}) waiting=(\d+) running=(\d+)"

@@ -84,8 +84,57 @@ def test_starvation_bound_admits_the_old_request_first(clock):
     assert plan.rids == ["g1-0"] and plan.starved == 1
 
 
+def admit_one_per_second(p, clock, seconds):
+    """A pass a second, admitting one request each; the admitted ids, the starved ones."""
+    admitted, starved = [], 0
+    for _ in range(seconds):
+        clock.now += 1
+        plan = p.plan(max_new=1)
+        p.end_pass(plan.rids)
+        admitted += plan.rids
+        starved += plan.starved
+    return admitted, starved
+
+
+def queue_all_wait_in(clock, **overrides):
+    """g0-0 runs; g1-0, then g0-1 to g0-39, all sent at once, wait behind it."""
+    p = planner_with(clock, max_wait_s=20, **overrides)
+    arrive(p, ["g0-0"])
+    p.end_pass(p.plan(max_new=1).rids)
+    arrive(p, ["g1-0"] + [f"g0-{i}" for i in range(1, 40)])
+    return p
+
+
+def test_a_queue_every_request_waits_in_alike_keeps_the_chts_order(clock):
+    # Every request has waited as long as the oldest, g1-0, when it is admitted: nobody is
+    # passed over by younger requests, so the bound leaves g0 to run on past 20 s.
+    admitted, starved = admit_one_per_second(queue_all_wait_in(clock), clock, 39)
+    assert admitted == [f"g0-{i}" for i in range(1, 40)] and starved == 0
+
+
+def test_with_no_relative_part_the_seconds_alone_starve_that_queue(clock):
+    p = queue_all_wait_in(clock, max_wait_ratio=0)
+    admitted, starved = admit_one_per_second(p, clock, 39)
+    # g1-0 at 21 s, past the 20 s bound; from then on every g0 request has waited past it too.
+    assert admitted.index("g1-0") == 20 and starved == len(admitted) - 20
+
+
+def test_a_request_passed_over_by_younger_ones_starves_at_the_seconds_bound(clock):
+    p = planner_with(clock, max_wait_s=20)
+    arrive(p, ["g0-0", "g1-0"])
+    admitted = []
+    for i in range(1, 40):  # a g0 request arrives each second and is admitted at once
+        plan = p.plan(max_new=1)
+        p.end_pass(plan.rids)
+        admitted += plan.rids
+        clock.now += 1
+        arrive(p, [f"g0-{i}"])
+    # The recent wait is about a second: 2 x 1 s < 20 s, so the seconds bound decides.
+    assert admitted.index("g1-0") == 21 and p.stats.starved == 1
+
+
 def test_a_starved_backlog_is_admitted_group_by_group_not_oldest_first(clock):
-    p = planner_with(clock, max_wait_s=10)
+    p = planner_with(clock, max_wait_s=10, max_wait_ratio=0)  # the seconds alone
     arrive(p, ["g0-0", "g1-0", "g0-1", "g1-1", "g0-2", "g1-2"])
     clock.now = 100  # every request has waited 100 s > 10 s
     plan = p.plan(max_new=2)
@@ -100,7 +149,7 @@ def test_a_starved_backlog_is_admitted_group_by_group_not_oldest_first(clock):
 
 
 def test_a_starved_group_is_admitted_whole_before_the_next_starved_group(clock):
-    p = planner_with(clock, max_wait_s=10)
+    p = planner_with(clock, max_wait_s=10, max_wait_ratio=0)  # the seconds alone
     arrive(p, ["g0-0", "g1-0", "g2-0"])
     clock.now = 5
     arrive(p, ["g0-1", "g1-1"])
