@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from feather_bench.tools.machine import cpu_label, short_commit
-from feather_bench.tools.markdown import command_block, command_item, wrap
+from feather_bench.tools.markdown import command_block, command_item, option_groups, wrap
 
 REPO = Path()  # the repository's root: run from there
 BEGIN, END = "<!-- options -->", "<!-- /options -->"
@@ -138,65 +138,74 @@ def _split_server_args(args: list[str]) -> tuple[str, str]:
     return " ".join(parts[False]), " ".join(parts[True])
 
 
+def _changed_flags(result: dict) -> str:
+    """The bench_serving flags a run gave beyond or instead of its workload's, as a suffix."""
+    from feather_bench.serving import WORKLOADS
+
+    own = set(option_groups(" ".join(WORKLOADS[result["workload"]][1])))
+    changed = [f for f in option_groups(" ".join(result["bench_serving_args"])) if f not in own]
+    return f"; with `{' '.join(changed)}`" if changed else ""
+
+
 def _options_section(topic: Path) -> list[str]:
-    """Values of feather's options on one workload: ``feather-bench-serving --feather-args``
-    runs, each into a folder of its own under ``topic``; medians over the folders."""
+    """Values of feather's options: ``feather-bench-serving --feather-args`` runs, each into a
+    folder of its own under ``topic``; per workload, medians over the folders."""
     results = [
         r for p in sorted(topic.rglob("*.json")) if isinstance(r := json.loads(p.read_text()), dict)
     ]
-    first, m = results[0], results[0]["machine"]
-    groups: dict[tuple, list[dict]] = {}
-    for r in results:
-        for row in r["rows"]:
-            flags = _split_server_args(row["server_args"])[1]
-            groups.setdefault((r["workload"], row["config"], flags), []).append(row)
-    base = {}
-    table = [
-        "| workload | config | feather flags | output tok/s (runs) | vs defaults | TTFT p50 / p99 ms "
-        "| p99 TTFT vs defaults | prefill tokens |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = [f"## feather's options on a real server (`{topic.relative_to(REPO)}`)"]
     keys = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "prefill_tokens")
-    for (workload, config, flags), rows in sorted(groups.items()):  # the defaults ("") first
-        runs = sorted(x for row in rows for x in row["output_throughput_runs"])
-        med = {k: statistics.median(row[k] for row in rows) for k in keys}
-        if not flags:
-            base[workload, config] = med
-        ref = base.get((workload, config))
-        ratio = (lambda k: f"{med[k] / ref[k]:.2f}x") if ref else (lambda k: "-")
-        label = f"`{flags}`" if flags else "defaults"
-        table.append(
-            f"| {workload} | {config} | {label} | {med['output_throughput']:.1f} "
-            f"({', '.join(f'{x:.1f}' for x in runs)}) | {ratio('output_throughput')} | "
-            f"{med['median_ttft_ms']:.0f} / {med['p99_ttft_ms']:.0f} | {ratio('p99_ttft_ms')} | "
-            f"{med['prefill_tokens']:,.0f} |"
-        )
-    commits = sorted({short_commit(r["git"]) for r in results})
-    dates = sorted({r["date"][:10] for r in results})
-    server = _split_server_args(first["rows"][0]["server_args"])[0]
-    order = [
-        _split_server_args(row["server_args"])[1]
-        for r in sorted(results, key=lambda r: r["date"])
-        for row in r["rows"]
-    ]
-    turns = "taking turns" if all(a != b for a, b in zip(order, order[1:])) else "in sequence"
-    return [
-        f"## feather's options on a real server (`{topic.relative_to(REPO)}`)",
-        "",
-        *command_block(
-            f"python -m sglang.bench_serving {' '.join(first['bench_serving_args'])} "
-            f"--seed {first['seed']} --flush-cache --warmup-requests 1"
-        ),
-        "",
-        wrap(
-            f"Servers: `--schedule-policy {first['rows'][0]['policy']} {server}` and each row's "
-            f"feather flags; {len(order)} servers, one after another, {turns}, each running "
-            f"bench_serving {first['repeats']} time(s). {cpu_label(m)}, {m['cores']} cores, sglang {m['versions']['sglang']}, "
-            f"{', '.join(dates)}, commit {', '.join(f'`{c}`' for c in commits)}."
-        ),
-        "",
-        *table,
-    ]
+    for workload in sorted({r["workload"] for r in results}):
+        ours = sorted((r for r in results if r["workload"] == workload), key=lambda r: r["date"])
+        first, m = ours[0], ours[0]["machine"]
+        groups: dict[tuple, list[dict]] = {}
+        for r in ours:
+            for row in r["rows"]:
+                flags = _split_server_args(row["server_args"])[1]
+                groups.setdefault((row["config"], flags), []).append(row)
+        order = [_split_server_args(r["rows"][0]["server_args"])[1] for r in ours]
+        turns = "taking turns" if all(a != b for a, b in zip(order, order[1:])) else "in sequence"
+        table = [
+            "| config | feather flags | output tok/s (runs) | vs defaults | TTFT p50 / p99 ms "
+            "| p99 TTFT vs defaults | prefill tokens |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        base = {}
+        for (config, flags), rows in sorted(groups.items()):  # the defaults ("") first
+            runs = sorted(x for row in rows for x in row["output_throughput_runs"])
+            med = {k: statistics.median(row[k] for row in rows) for k in keys}
+            ref = base.setdefault(config, med) if not flags else base.get(config)
+            ratio = (lambda k: f"{med[k] / ref[k]:.2f}x") if ref else (lambda k: "-")
+            label = f"`{flags}`" if flags else "defaults"
+            table.append(
+                f"| {config} | {label} | {med['output_throughput']:.1f} "
+                f"({', '.join(f'{x:.1f}' for x in runs)}) | {ratio('output_throughput')} | "
+                f"{med['median_ttft_ms']:.0f} / {med['p99_ttft_ms']:.0f} | "
+                f"{ratio('p99_ttft_ms')} | {med['prefill_tokens']:,.0f} |"
+            )
+        commits = sorted({short_commit(r["git"]) for r in ours})
+        dates = sorted({r["date"][:10] for r in ours})
+        server = _split_server_args(first["rows"][0]["server_args"])[0]
+        lines += [
+            "",
+            f"### {workload}: {first['description']}{_changed_flags(first)}",
+            "",
+            *command_block(
+                f"python -m sglang.bench_serving {' '.join(first['bench_serving_args'])} "
+                f"--seed {first['seed']} --flush-cache --warmup-requests 1"
+            ),
+            "",
+            wrap(
+                f"Servers: `--schedule-policy {first['rows'][0]['policy']} {server}` and each "
+                f"row's feather flags; {len(order)} servers, one after another, {turns}, each "
+                f"running bench_serving {first['repeats']} time(s). {cpu_label(m)}, "
+                f"{m['cores']} cores, sglang {m['versions']['sglang']}, {', '.join(dates)}, "
+                f"commit {', '.join(f'`{c}`' for c in commits)}."
+            ),
+            "",
+            *table,
+        ]
+    return lines
 
 
 def _provenance(d: dict) -> tuple[list[str], str]:

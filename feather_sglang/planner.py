@@ -56,6 +56,7 @@ class AdmissionPlanner:
         self._oldest_scan = iter(())
         # The recent wait: an exponential moving average of admitted requests' waits (s).
         self._admitted_wait, self._admissions = 0.0, 0
+        self._agent_stopped = False  # the last plan ended at the agent's STOP
         self.stats = PlannerStats()
 
     # ---- keeping in step with the scheduler ------------------------------------------------
@@ -218,6 +219,7 @@ class AdmissionPlanner:
         stats = self.stats
         stats.starved += plan.starved
         stats.stops[plan.stop_reason] = stats.stops.get(plan.stop_reason, 0) + 1
+        self._agent_stopped = plan.stop_reason == "agent"
         return plan
 
     def _starved_group(self) -> deque[Hashable]:
@@ -227,7 +229,9 @@ class AdmissionPlanner:
             drain.popleft()
         if drain:
             return drain
-        bound = max(self.config.max_wait_s, self.config.max_wait_ratio * self._admitted_wait)
+        # Requests the agent holds back get the seconds alone: whatever it says, the bound holds.
+        ratio = 0.0 if self._agent_stopped else self.config.max_wait_ratio
+        bound = max(self.config.max_wait_s, ratio * self._admitted_wait)
         deadline = self.clock() - bound
         oldest = next(
             (rid for rid in self._oldest_scan if cht.state(rid) is RequestState.WAITING), None

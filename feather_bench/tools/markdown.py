@@ -21,7 +21,7 @@ def wrap(text: str, width: int = WIDTH, indent: str = "") -> str:
     )
 
 
-def _options(command: str) -> list[str]:
+def option_groups(command: str) -> list[str]:
     """The words of a command line, each option with the values that follow it."""
     groups: list[str] = []
     for word in command.split():
@@ -35,7 +35,7 @@ def _options(command: str) -> list[str]:
 def command_block(command: str, width: int = WIDTH) -> list[str]:
     """A command line as recorded, in a fenced block: continued with `` \\`` where it would pass
     ``width``, an option kept on one line with its values."""
-    groups = _options(command)
+    groups = option_groups(command)
     lines = [groups[0]]
     for group in groups[1:]:
         if len(lines[-1]) + 1 + len(group) + 2 <= width:
@@ -50,7 +50,7 @@ def command_item(marker: str, command: str, width: int = WIDTH) -> str:
     """A list item (``marker``: ``"1."``, ``"-"``) holding a command line as one code span, broken
     between options where it would pass ``width``."""
     indent = " " * (len(marker) + 1)
-    groups = _options(command)
+    groups = option_groups(command)
     lines = [f"{marker} `{groups[0]}"]
     for group in groups[1:]:
         if len(lines[-1]) + 1 + len(group) + 1 <= width:

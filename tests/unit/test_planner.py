@@ -133,6 +133,17 @@ def test_a_request_passed_over_by_younger_ones_starves_at_the_seconds_bound(cloc
     assert admitted.index("g1-0") == 21 and p.stats.starved == 1
 
 
+def test_a_request_the_agent_holds_back_starves_at_the_seconds_bound(clock):
+    p = queue_all_wait_in(clock)
+    admit_one_per_second(p, clock, 39)  # g0 is admitted; g1-0 waited as long as every g0 one
+    clock.now += 1
+    plan = p.plan(max_new=10)
+    assert plan.rids == [] and plan.stop_reason == "agent"  # the static rule: g1 breaks g0's chain
+    clock.now += 1  # the agent held g1-0 back: past 20 s, it goes first
+    plan = p.plan(max_new=10)
+    assert plan.rids == ["g1-0"] and plan.starved == 1
+
+
 def test_a_starved_backlog_is_admitted_group_by_group_not_oldest_first(clock):
     p = planner_with(clock, max_wait_s=10, max_wait_ratio=0)  # the seconds alone
     arrive(p, ["g0-0", "g1-0", "g0-1", "g1-1", "g0-2", "g1-2"])
