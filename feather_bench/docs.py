@@ -129,13 +129,11 @@ def _scale_section(path: Path) -> list[str]:
 def _split_server_args(args: list[str]) -> tuple[str, str]:
     """A row's server arguments: (the others, the ``--feather-*`` flags), each flag with its
     values."""
-    parts: dict[bool, list[str]] = {False: [], True: []}
-    feather = False
-    for word in args:
-        if word.startswith("--"):
-            feather = word.startswith("--feather-")
-        parts[feather].append(word)
-    return " ".join(parts[False]), " ".join(parts[True])
+    groups = option_groups(" ".join(args))
+    return (
+        " ".join(g for g in groups if not g.startswith("--feather-")),
+        " ".join(g for g in groups if g.startswith("--feather-")),
+    )
 
 
 def _changed_flags(result: dict) -> str:

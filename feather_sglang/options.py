@@ -32,11 +32,16 @@ def int_at_least(low: int) -> Callable[[str, Any], int]:
     return check
 
 
-def positive_seconds(name: str, value: Any) -> float:
+def _as_float(value: Any) -> float:
+    """``value`` as a float; NaN (which fails every bound check) where it is not a number."""
     try:
-        as_float = float(value)
+        return float(value)
     except (TypeError, ValueError):
-        as_float = math.nan
+        return math.nan
+
+
+def positive_seconds(name: str, value: Any) -> float:
+    as_float = _as_float(value)
     if not as_float > 0:  # NaN too
         raise FeatherConfigError(
             f"{flag(name)} must be a number of seconds > 0 (or 'inf' to disable), got {value!r}"
@@ -45,10 +50,7 @@ def positive_seconds(name: str, value: Any) -> float:
 
 
 def non_negative(name: str, value: Any) -> float:
-    try:
-        as_float = float(value)
-    except (TypeError, ValueError):
-        as_float = math.nan
+    as_float = _as_float(value)
     if not 0 <= as_float < math.inf:  # NaN too
         raise FeatherConfigError(f"{flag(name)} must be a number >= 0, got {value!r}")
     return as_float
