@@ -72,6 +72,12 @@ class ServerError(RuntimeError):
     """The server failed to start, died, or did not stop."""
 
 
+# A process that lost its port to another between the choice and its bind says so; the
+# choice is retried this many times.
+PORT_TAKEN = "Address already in use"
+PORT_RETRIES = 3
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -92,17 +98,21 @@ class _ServerProcess:
     proc: subprocess.Popen | None = None
     returncode: int | None = None
     killed = False
+    # False where ``launch`` chooses the ports afresh each time; True where they are fixed
+    # (given by the caller, or handed to others before the launch, as a server's URL is)
+    ports_fixed = True
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> "_ServerProcess":
         self.launch()
         return self.wait_ready()
 
-    def launch(self) -> None:
+    def launch(self, append: bool = False) -> None:
         """Start the process and return at once (``wait_ready`` then waits for it): several
-        servers launched one after another load their models at the same time."""
+        servers launched one after another load their models at the same time. ``append``
+        keeps the log of an earlier launch."""
         _exit_on_sigterm()
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "ab" if append else "wb")
         self.proc = subprocess.Popen(
             self.args,
             stdout=self._log,
@@ -114,10 +124,17 @@ class _ServerProcess:
 
     def wait_ready(self) -> "_ServerProcess":
         """Until ``ready_path`` answers 200, ``ready_timeout_s`` from the launch; a server that
-        exits or is not ready by then is stopped and ServerError raised with its log tail."""
-        deadline = self._launched + self.ready_timeout_s
-        while time.monotonic() < deadline:
+        exits or is not ready by then is stopped and ServerError raised with its log tail.
+        One that exits because another process took its port meanwhile is launched again on
+        fresh ports, up to PORT_RETRIES times, where its ports are its own to choose."""
+        retries = PORT_RETRIES
+        while time.monotonic() < self._launched + self.ready_timeout_s:
             if self.proc.poll() is not None:
+                if retries and not self.ports_fixed and PORT_TAKEN in self.log_text():
+                    retries -= 1
+                    self._log.close()
+                    self.launch(append=True)
+                    continue
                 raise ServerError(
                     f"server exited with code {self.proc.returncode} during start-up:\n{self.log_tail()}"
                 )
@@ -272,14 +289,21 @@ class SGLangRouter(_ServerProcess):
             raise ValueError(f"router {router!r}: allowed are {', '.join(ROUTER_MODULES)}")
         self.worker_urls = list(worker_urls)
         self.policy = policy
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.extra_args = list(extra_args)
+        self.module = ROUTER_MODULES[router]
+        self.ports_fixed = port is not None
         self.ready_timeout_s = ready_timeout_s
         self.log_path = _log_file(log_path, "sglang-router-")
+        self._set_ports(port)
+        self.env = {**os.environ, **(env or {})}
+
+    def _set_ports(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
         self.args = [
             sys.executable,
             "-m",
-            ROUTER_MODULES[router],
+            self.module,
             "--host",
             "127.0.0.1",
             "--port",
@@ -287,11 +311,17 @@ class SGLangRouter(_ServerProcess):
             "--worker-urls",
             *self.worker_urls,
             "--policy",
-            policy,
+            self.policy,
             "--prometheus-host",
             "127.0.0.1",
             "--prometheus-port",
             str(free_port()),
-            *extra_args,
+            *self.extra_args,
         ]
-        self.env = {**os.environ, **(env or {})}
+
+    def launch(self, append: bool = False) -> None:
+        """Ports not given are chosen now, not when the router was made: workers started in
+        between open ports of their own."""
+        if not self.ports_fixed:
+            self._set_ports()
+        super().launch(append)
