@@ -80,6 +80,15 @@ def batch_max(regime: Regime, largest_group: int) -> int:
     return best
 
 
+def capacity(regime: Regime, costs: StepCosts, largest_group: int | None = None) -> float:
+    """The most requests/s any agent can serve on ``regime``'s server: its requests over the
+    least time they need arriving at once (:func:`min_duration_s`). A Poisson ``load`` is a
+    fraction of this, so ``load`` 1.0 is saturation for the best possible agent.
+    ``largest_group`` as in :func:`min_duration_s` (default: equal groups)."""
+    largest = largest_group or math.ceil(regime.requests / max(regime.groups, 1))
+    return regime.requests / min_duration_s(regime, costs, 0.0, largest)
+
+
 def max_throughput(regime: Regime, seed: int, costs: StepCosts) -> float:
     """Output tokens/s no agent can exceed on ``regime``'s workload for ``seed`` (the
     simulator's seed: the same arrival times as :func:`feather_rl.simulator.simulate`)."""

@@ -45,6 +45,7 @@ import numpy as np
 
 from feather_bench.argtypes import ints
 from feather_rl import provenance
+from feather_rl.bound import capacity
 from feather_rl.simulator import (
     DEFAULT_CALIBRATION,
     VOCAB,
@@ -52,7 +53,6 @@ from feather_rl.simulator import (
     Server,
     StepCosts,
     _Request,
-    capacity,
 )
 from feather_sglang.agents import ServerShape, make_agent
 from feather_sglang.chunk_hash import chunk_hashes
@@ -73,8 +73,8 @@ class Shape:
     ``requests_per_worker`` sizes the workload to the cluster (at least
     ``min_requests_per_group`` per group); ``kv_groups``: a worker's KV pool holds this many
     prefixes besides the question and longest output of every request an even split gives a
-    worker; ``load``: Poisson arrivals at this fraction of the cluster's estimated capacity
-    (None: all at once).
+    worker; ``load``: Poisson arrivals at this fraction of the cluster's capacity, N times
+    :func:`~feather_rl.bound.capacity` of a worker's share (None: all at once).
     """
 
     groups: int
@@ -108,7 +108,7 @@ class Shape:
         )
 
     def worker_regime(self, workers: int) -> Regime:
-        """One worker's share, as a simulator regime (for :func:`~feather_rl.simulator.capacity`)."""
+        """One worker's share, as a simulator regime (for :func:`~feather_rl.bound.capacity`)."""
         per_worker = math.ceil(self.requests(workers) / workers)
         groups = max(1, math.ceil(self.groups / workers))
         per_group = self.prefix_len + math.ceil(per_worker / groups) * (

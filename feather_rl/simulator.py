@@ -14,7 +14,8 @@ set to simulated seconds:
   :class:`~feather_sglang.agents.throughput.StepTimeModel`'s form with calibrated
   coefficients (``feather_rl/data/step_costs_cpu.json``, from real servers' logs), times a
   lognormal noise. A request leaves when its output is done; its prefix stays cached.
-- **Arrivals**: all at once, or Poisson at a rate relative to the server's estimated capacity.
+- **Arrivals**: all at once, or Poisson at a fraction of the server's capacity: the most
+  requests/s any agent can serve (:func:`feather_rl.bound.capacity`).
 
 A regime (:class:`Regime`) fixes the workload's shape and the server's configuration; a seed
 draws group sizes, token ids and arrival times. :func:`simulate` runs an agent through one
@@ -86,7 +87,7 @@ class Regime:
 
     ``kv_groups``: the KV pool holds this many groups' prefixes plus their requests' own and
     output tokens (None: the pool holds the whole workload). ``load``: Poisson arrivals at this
-    fraction of the server's estimated capacity (None: all requests arrive at once).
+    fraction of the server's capacity, :func:`feather_rl.bound.capacity` (None: all at once).
     ``zipf``: group sizes drawn with this Zipf exponent (0: equal groups).
     """
 
@@ -166,7 +167,9 @@ def workload(regime: Regime, seed: int, costs: StepCosts) -> list[_Request]:
     prefixes = rng.integers(0, VOCAB, size=(regime.groups, regime.prefix_len))
     arrivals = np.zeros(regime.requests)
     if regime.load is not None:
-        rate = regime.load * capacity(regime, costs)
+        from feather_rl.bound import capacity  # the bound prices work with this module's types
+
+        rate = regime.load * capacity(regime, costs, int(np.bincount(groups).max()))
         arrivals = np.cumsum(rng.exponential(1.0 / rate, size=regime.requests))
         arrivals -= arrivals[0]
     reqs = []
@@ -183,22 +186,6 @@ def workload(regime: Regime, seed: int, costs: StepCosts) -> list[_Request]:
             )
         )
     return reqs
-
-
-def capacity(regime: Regime, costs: StepCosts) -> float:
-    """Requests/s a homogeneous batch of the pool's size sustains (decode only): the rate a
-    Poisson load is relative to."""
-    per_request = regime.question_len + regime.output_len
-    pool = regime.pool_tokens()
-    batch = max(
-        1, min(regime.max_running, (pool - regime.prefix_len) // per_request, regime.requests)
-    )
-    groups = max(1, min(regime.groups, math.ceil(batch / max(regime.requests // regime.groups, 1))))
-    attended = (
-        groups * regime.prefix_len if regime.prefix_shared else batch * regime.prefix_len
-    ) + batch * per_request
-    step = costs.decode_s(regime.prefix_shared, batch, attended)
-    return batch / (step * regime.output_len + costs.prefill_s(per_request * batch) / max(batch, 1))
 
 
 class Server:

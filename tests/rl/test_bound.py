@@ -9,7 +9,7 @@ import random
 import pytest
 
 from feather_rl import evaluate, regimes
-from feather_rl.bound import max_throughput, min_duration_s
+from feather_rl.bound import capacity, max_throughput, min_duration_s
 from feather_rl.episodes import make
 from feather_rl.simulator import Regime, Server, StepCosts
 from feather_sglang.agents import Action, AgentState, StopAddAgent
@@ -110,3 +110,12 @@ def test_feather_eval_reports_the_bound(tmp_path, capsys):
     bound = [r for r in data["rows"] if r["agent"] == evaluate.BOUND]
     assert len(bound) == 1 and data["summary"]["bound_vs_always_add"] >= 1.0
     assert "No agent can exceed" in evaluate.serving_markdown(data, str(out))
+
+
+@pytest.mark.parametrize("name", ["memory-bound/feather", "memory-ample/feather"])
+def test_capacity_is_the_rate_the_best_agent_nearly_reaches(name):
+    # a Poisson load is a fraction of capacity(): load 1.0 must be saturation, not twice it
+    regime = regimes.by_name(name)
+    served = _noise_free(regime, 0, make("always-add")) / regime.output_len  # requests/s
+    assert served <= capacity(regime, COSTS) * (1 + 1e-9)
+    assert served >= 0.9 * capacity(regime, COSTS)
