@@ -20,17 +20,19 @@ this much work, one forward after another:
 
 With Poisson arrivals the run also lasts at least until the last arrival plus that request's
 own prefill and decode. The bound is the output tokens over the larger of these durations,
-with the step costs' expected (noise-free) values. Where an agent's throughput is close to the
-bound no decision can gain much; where it is far, the bound may be loose (it ignores the
-arrival process beyond the last request, and prefixes recomputed after eviction).
+with the step costs' expected (noise-free) values; :func:`feather_rl.simulator.max_throughput`
+prices a seed's workload. Where an agent's throughput is close to the bound no decision can
+gain much; where it is far, the bound may be loose (it ignores the arrival process beyond the
+last request, and prefixes recomputed after eviction).
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
+from typing import TYPE_CHECKING
 
-from feather_rl.simulator import Regime, StepCosts, workload
+if TYPE_CHECKING:  # the simulator draws Poisson arrivals at capacity(): it imports this module
+    from feather_rl.simulator import Regime, StepCosts
 
 
 def min_duration_s(
@@ -87,13 +89,3 @@ def capacity(regime: Regime, costs: StepCosts, largest_group: int | None = None)
     ``largest_group`` as in :func:`min_duration_s` (default: equal groups)."""
     largest = largest_group or math.ceil(regime.requests / max(regime.groups, 1))
     return regime.requests / min_duration_s(regime, costs, 0.0, largest)
-
-
-def max_throughput(regime: Regime, seed: int, costs: StepCosts) -> float:
-    """Output tokens/s no agent can exceed on ``regime``'s workload for ``seed`` (the
-    simulator's seed: the same arrival times as :func:`feather_rl.simulator.simulate`)."""
-    reqs = workload(regime, seed, costs)
-    last_arrival = max(r.arrival for r in reqs)
-    tokens = sum(r.output for r in reqs)
-    largest = max(Counter(r.group for r in reqs).values())
-    return tokens / min_duration_s(regime, costs, last_arrival, largest)

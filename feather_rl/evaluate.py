@@ -99,8 +99,7 @@ def evaluate(agents, workloads, seeds, env, warmup_episodes: int = 20, progress=
 
 def evaluate_serving(agents, regime_list, seeds, progress=None, costs=None) -> list[dict]:
     """One row per (agent, regime): the simulated server's output throughput per seed."""
-    from feather_rl.bound import max_throughput
-    from feather_rl.simulator import StepCosts, simulate
+    from feather_rl.simulator import StepCosts, max_throughput, simulate
 
     costs, rows = costs or StepCosts.load(), []
     for spec in agents:

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from feather_rl.bound import capacity, min_duration_s
 from feather_sglang.agents import ServerShape, StopAddAgent
 from feather_sglang.config import FeatherConfig
 from feather_sglang.planner import AdmissionPlanner
@@ -167,8 +168,6 @@ def workload(regime: Regime, seed: int, costs: StepCosts) -> list[_Request]:
     prefixes = rng.integers(0, VOCAB, size=(regime.groups, regime.prefix_len))
     arrivals = np.zeros(regime.requests)
     if regime.load is not None:
-        from feather_rl.bound import capacity  # the bound prices work with this module's types
-
         rate = regime.load * capacity(regime, costs, int(np.bincount(groups).max()))
         arrivals = np.cumsum(rng.exponential(1.0 / rate, size=regime.requests))
         arrivals -= arrivals[0]
@@ -362,6 +361,16 @@ def simulate(
     regime: Regime, seed: int, agent: StopAddAgent, costs: StepCosts | None = None
 ) -> Result:
     return Server(regime, seed, agent, costs).run()
+
+
+def max_throughput(regime: Regime, seed: int, costs: StepCosts) -> float:
+    """Output tokens/s no agent can exceed on ``regime``'s workload for ``seed`` (the same
+    arrival times and groups as :func:`simulate`): :mod:`feather_rl.bound`."""
+    reqs = workload(regime, seed, costs)
+    last_arrival = max(r.arrival for r in reqs)
+    tokens = sum(r.output for r in reqs)
+    largest = max(Counter(r.group for r in reqs).values())
+    return tokens / min_duration_s(regime, costs, last_arrival, largest)
 
 
 def regime_with(regime: Regime, **changes) -> Regime:

@@ -9,9 +9,9 @@ import random
 import pytest
 
 from feather_rl import evaluate, regimes
-from feather_rl.bound import capacity, max_throughput, min_duration_s
+from feather_rl.bound import capacity, min_duration_s
 from feather_rl.episodes import make
-from feather_rl.simulator import Regime, Server, StepCosts
+from feather_rl.simulator import Regime, Server, StepCosts, max_throughput
 from feather_sglang.agents import Action, AgentState, StopAddAgent
 from feather_sglang.config import FeatherConfig
 
