@@ -156,6 +156,11 @@ class Result:
         return asdict(self)
 
 
+def _largest_group(groups) -> int:
+    """How many requests the largest prefix group holds (``groups``: each request's group)."""
+    return int(np.bincount(groups).max())
+
+
 def workload(regime: Regime, seed: int, costs: StepCosts) -> list[_Request]:
     """The regime's requests for ``seed``: group sizes, token ids, arrival times."""
     rng = np.random.default_rng(seed)
@@ -168,7 +173,7 @@ def workload(regime: Regime, seed: int, costs: StepCosts) -> list[_Request]:
     prefixes = rng.integers(0, VOCAB, size=(regime.groups, regime.prefix_len))
     arrivals = np.zeros(regime.requests)
     if regime.load is not None:
-        rate = regime.load * capacity(regime, costs, int(np.bincount(groups).max()))
+        rate = regime.load * capacity(regime, costs, _largest_group(groups))
         arrivals = np.cumsum(rng.exponential(1.0 / rate, size=regime.requests))
         arrivals -= arrivals[0]
     reqs = []
@@ -369,7 +374,7 @@ def max_throughput(regime: Regime, seed: int, costs: StepCosts) -> float:
     reqs = workload(regime, seed, costs)
     last_arrival = max(r.arrival for r in reqs)
     tokens = sum(r.output for r in reqs)
-    largest = int(np.bincount([r.group for r in reqs]).max())  # as workload() counts it
+    largest = _largest_group([r.group for r in reqs])
     return tokens / min_duration_s(regime, costs, last_arrival, largest)
 
 
