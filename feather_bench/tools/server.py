@@ -10,6 +10,7 @@ error, so nothing ever hangs a test suite.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -72,13 +73,30 @@ class ServerError(RuntimeError):
     """The server failed to start, died, or did not stop."""
 
 
-# A process that lost its port to another between the choice and its bind says so; the
-# choice is retried this many times.
-PORT_TAKEN = "Address already in use"
+# A process that lost its port to another between the choice and its bind says so (Python's
+# "Address already in use", uvicorn's "... address already in use"); the choice is retried
+# this many times.
+PORT_TAKEN = "address already in use"
 PORT_RETRIES = 3
 
 
+# Ports are chosen below the kernel's ephemeral range (where bind(0) and connect() take theirs,
+# as a server's own gloo and TCPStore connections do while it starts) and below the range
+# SGLang draws its internal ports from (22000-29999): a port chosen here and bound by the
+# server only after its model loads is then not taken meanwhile by the server itself.
+PORT_RANGE = (10000, 21999)
+
+
 def free_port() -> int:
+    """A port nothing listens on now, from PORT_RANGE (bind(0)'s choice if none of a sample is
+    free)."""
+    for port in random.sample(range(PORT_RANGE[0], PORT_RANGE[1] + 1), 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -113,6 +131,8 @@ class _ServerProcess:
         keeps the log of an earlier launch."""
         _exit_on_sigterm()
         self._log = open(self.log_path, "ab" if append else "wb")
+        self._log_start = self._log.tell()
+        self.returncode = None
         self.proc = subprocess.Popen(
             self.args,
             stdout=self._log,
@@ -125,19 +145,22 @@ class _ServerProcess:
     def wait_ready(self) -> "_ServerProcess":
         """Until ``ready_path`` answers 200, ``ready_timeout_s`` from the launch; a server that
         exits or is not ready by then is stopped and ServerError raised with its log tail.
-        One that exits because another process took its port meanwhile is launched again on
-        fresh ports, up to PORT_RETRIES times, where its ports are its own to choose."""
+        One whose port another process took meanwhile (it says so in its log, and exits or,
+        as SGLang's launcher does, waits on its subprocesses) is stopped and launched again on
+        fresh ports, up to PORT_RETRIES times, where its ports are its own to choose; where
+        they are fixed it fails at once."""
         retries = PORT_RETRIES
         while time.monotonic() < self._launched + self.ready_timeout_s:
-            if self.proc.poll() is not None:
-                if retries and not self.ports_fixed and PORT_TAKEN in self.log_text():
+            exited = self.proc.poll() is not None
+            if exited or self.port_taken():
+                if self.port_taken() and retries and not self.ports_fixed:
                     retries -= 1
-                    self._log.close()
+                    self.stop()
                     self.launch(append=True)
                     continue
-                raise ServerError(
-                    f"server exited with code {self.proc.returncode} during start-up:\n{self.log_tail()}"
-                )
+                self.stop()
+                what = f"exited with code {self.returncode}" if exited else "lost its port"
+                raise ServerError(f"server {what} during start-up:\n{self.log_tail()}")
             try:
                 if requests.get(self.url + self.ready_path, timeout=30).status_code == 200:
                     return self
@@ -192,6 +215,12 @@ class _ServerProcess:
         except ProcessLookupError:
             return False
 
+    def port_taken(self) -> bool:
+        """Whether this launch's log says its port was taken."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_start)
+            return PORT_TAKEN in f.read().decode(errors="replace").lower()
+
     def log_text(self) -> str:
         self._log.flush() if not self._log.closed else None
         return self.log_path.read_text(errors="replace")
@@ -228,18 +257,28 @@ class SGLangServer(_ServerProcess):
         launcher: str = "launch_server",
     ) -> None:
         self.model_path = str(model_path)
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.schedule_policy = schedule_policy
+        self.extra_args = list(extra_args)
         self.ready_timeout_s = ready_timeout_s
         self.log_path = _log_file(log_path, "sglang-")
         if launcher == "launch_server":
-            command = [sys.executable, "-m", "sglang.launch_server"]
+            self.command = [sys.executable, "-m", "sglang.launch_server"]
         elif launcher == "serve":  # the `sglang` console script next to this interpreter
-            command = [str(Path(sys.executable).with_name("sglang")), "serve"]
+            self.command = [str(Path(sys.executable).with_name("sglang")), "serve"]
         else:
             raise ValueError(f"launcher must be 'launch_server' or 'serve', got {launcher!r}")
-        args = [
-            *command,
+        self.ports_fixed = port is not None
+        self._set_ports(port)
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.returncode: int | None = None
+        self.killed = False
+
+    def _set_ports(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [
+            *self.command,
             "--model-path",
             self.model_path,
             "--host",
@@ -247,14 +286,16 @@ class SGLangServer(_ServerProcess):
             "--port",
             str(self.port),
             "--schedule-policy",
-            schedule_policy,
-            *extra_args,
+            self.schedule_policy,
+            *self.extra_args,
         ]
-        self.args = args
-        self.env = {**os.environ, **(env or {})}
-        self.proc: subprocess.Popen | None = None
-        self.returncode: int | None = None
-        self.killed = False
+
+    def launch(self, append: bool = False) -> None:
+        """A port not given is chosen afresh for a launch after the first (one whose port was
+        taken): read ``url`` once the server is ready."""
+        if append and not self.ports_fixed:
+            self._set_ports()
+        super().launch(append)
 
 
 # The routers' packages and the module that launches each one.

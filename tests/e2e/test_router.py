@@ -52,18 +52,20 @@ def test_cache_aware_router_over_two_workers_generates_what_one_server_does(tiny
         log_path=tmp_path / "single.log",
         ready_timeout_s=READY_TIMEOUT_S,
     )
-    router = SGLangRouter(
-        [w.url for w in workers],
-        "cache_aware",
-        log_path=tmp_path / "router.log",
-        ready_timeout_s=300,
-    )
     servers = [*workers, single]
+    router = None
     try:
         for s in servers:  # all three load the model at the same time
             s.launch()
         for s in servers:
             s.wait_ready()
+        # made once the workers are ready: a worker whose port was taken serves on another
+        router = SGLangRouter(
+            [w.url for w in workers],
+            "cache_aware",
+            log_path=tmp_path / "router.log",
+            ready_timeout_s=300,
+        )
         router.start()
         offsets = [w.log_path.stat().st_size for w in workers]
         single_offset = single.log_path.stat().st_size
@@ -72,7 +74,8 @@ def test_cache_aware_router_over_two_workers_generates_what_one_server_does(tiny
         logs = [log_since(w.log_path, offset) for w, offset in zip(workers, offsets)]
         single_log = log_since(single.log_path, single_offset)
     finally:
-        router.stop()
+        if router is not None:
+            router.stop()
         for s in servers:
             s.stop()
 
