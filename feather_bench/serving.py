@@ -403,7 +403,10 @@ def runs_of(result: dict) -> str:
     counts = {row["config"]: row.get("runs", result["repeats"]) for row in result["rows"]}
     most = max(set(counts.values()), key=list(counts.values()).count)
     others = ", ".join(f"{n} for {c}" for c, n in counts.items() if n != most)
-    interleaved = all(row.get("interleaved") for row in result["rows"])
+    # how the rows of the most common count ran (a row of one run takes no turns)
+    interleaved = all(
+        row.get("interleaved") for row in result["rows"] if counts[row["config"]] == most
+    )
     per = (
         "runs, configurations taking turns, a server per run" if interleaved else "runs per server"
     )

@@ -129,3 +129,8 @@ def test_the_report_says_how_many_runs_each_row_is_the_median_of():
     rows = [{"config": "a", "runs": 2}, {"config": "b", "runs": 2}, {"config": "c", "runs": 1}]
     assert serving.runs_of({"repeats": 1, "rows": rows}) == "medians of 2 runs per server (1 for c)"
     assert serving.runs_of({"repeats": 2, "rows": rows[:2]}) == "medians of 2 runs per server"
+    # rows of 2 runs that took turns, beside one of a single run added later
+    turns = [{**r, "interleaved": r["runs"] == 2} for r in rows]
+    assert serving.runs_of({"repeats": 1, "rows": turns}) == (
+        "medians of 2 runs, configurations taking turns, a server per run (1 for c)"
+    )
