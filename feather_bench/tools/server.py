@@ -83,7 +83,8 @@ PORT_RETRIES = 3
 # Ports are chosen below the kernel's ephemeral range (where bind(0) and connect() take theirs,
 # as a server's own gloo and TCPStore connections do while it starts) and below the range
 # SGLang draws its internal ports from (22000-29999): a port chosen here and bound by the
-# server only after its model loads is then not taken meanwhile by the server itself.
+# server only after its model loads is then not taken meanwhile by the server itself. (SGLang's
+# own helper draws from 22000-29999 itself, and importing it costs seconds.)
 PORT_RANGE = (10000, 21999)
 
 
@@ -151,9 +152,9 @@ class _ServerProcess:
         they are fixed it fails at once."""
         retries = PORT_RETRIES
         while time.monotonic() < self._launched + self.ready_timeout_s:
-            exited = self.proc.poll() is not None
-            if exited or self.port_taken():
-                if self.port_taken() and retries and not self.ports_fixed:
+            exited, taken = self.proc.poll() is not None, self.port_taken()
+            if exited or taken:
+                if taken and retries and not self.ports_fixed:
                     retries -= 1
                     self.stop()
                     self.launch(append=True)

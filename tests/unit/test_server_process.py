@@ -38,11 +38,10 @@ class HttpServer(_ServerProcess):
     def launch(self, append: bool = False) -> None:
         self.port = next(self.ports)
         self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-c", self.script, str(self.port)]
+        self.args = [sys.executable, *self.program, str(self.port), "--bind", "127.0.0.1"]
         super().launch(append)
 
-    script = "import sys, http.server; sys.argv[1:] = [sys.argv[1], '--bind', '127.0.0.1']; "
-    script += "import runpy; runpy.run_module('http.server', run_name='__main__')"
+    program = ["-m", "http.server"]
 
 
 class HangingHttpServer(HttpServer):
@@ -50,13 +49,13 @@ class HangingHttpServer(HttpServer):
     prints the error and then waits for the child, as SGLang's launcher waits for its
     scheduler when uvicorn cannot bind."""
 
-    script = (
-        "import multiprocessing, runpy, sys, time\n"
+    program = [
+        "-c",
+        "import multiprocessing, runpy, time\n"
         "if __name__ == '__main__':\n"
         "    multiprocessing.Process(target=time.sleep, args=(600,)).start()\n"
-        "    sys.argv[1:] = [sys.argv[1], '--bind', '127.0.0.1']\n"
-        "    runpy.run_module('http.server', run_name='__main__')\n"
-    )
+        "    runpy.run_module('http.server', run_name='__main__')\n",
+    ]
 
 
 @pytest.fixture
