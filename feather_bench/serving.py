@@ -12,6 +12,7 @@ check of every configuration's outputs against the first one's.
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import shlex
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from feather_bench.tools.machine import cpu_label, describe, git_state, short_commit
 from feather_bench.tools.markdown import command_block, wrap
-from feather_bench.tools.server import SGLangServer, per_worker
+from feather_bench.tools.server import ServerError, SGLangServer, per_worker
 
 STOCK_POLICIES = ("fcfs", "lpm", "dfs-weight")
 BACKENDS = ("torch_native", "feather")
@@ -439,6 +440,10 @@ def report(out_dir: Path) -> str:
                 for row in r["rows"]
                 if "git" in row and _provenance(row) != _provenance(r)
             )
+            + "".join(
+                f" {f['config']} failed in run {f['run']} ({f['error']})."
+                for f in r.get("failed", [])
+            )
         )
         parts.append(
             f"### {name}: {r['description']}\n\n"
@@ -561,6 +566,7 @@ def main(argv=None) -> int:
         return 0
     out_dir.mkdir(parents=True, exist_ok=True)
     git = git_state()  # the code the servers run, as it is when they start
+    failures = 0
     for workload in args.workloads:
         path = out_dir / f"{workload}.json"
         result = {
@@ -571,25 +577,80 @@ def main(argv=None) -> int:
             "repeats": args.repeats,
             "seed": args.seed,
         }
-        configs = {f"{p}+{b}" for b in args.backends for p in args.policies}
-        kept = earlier_rows(path, result, configs) if args.add else []  # refused before any run
         pairs = [(p, b) for b in args.backends for p in args.policies]
-        if args.interleave:  # round by round, every configuration on a server of its own
-            for run in range(args.repeats):
-                rows = [
-                    run_config(args.model, p, b, workload, args, out_dir, run) for p, b in pairs
-                ]
-        else:
-            rows = [run_config(args.model, p, b, workload, args, out_dir) for p, b in pairs]
-        rows = kept + rows
-        result.update(date=_now(), machine=describe(), git=git)
-        result.update(summary=summarize(rows), rows=rows)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(
-            f"\n## {workload}: {WORKLOADS[workload][0]}\n\n{table(rows)}\n\nwritten: {path}",
-            flush=True,
-        )
-    return 0
+        # --add keeps an earlier row for a configuration this run repeats until the repeat is
+        # measured: a configuration that fails here keeps its earlier figures
+        kept = earlier_rows(path, result, set()) if args.add else []  # refused before any run
+        done: dict[str, dict] = {}
+        failed: dict[str, dict] = {}
+        for run in range(args.repeats) if args.interleave else [None]:
+            for p, b in pairs:
+                name = f"{p}+{b}"
+                if name in failed:  # its JSONL and counts stop at the failed run
+                    continue
+                try:
+                    done[name] = run_config(args.model, p, b, workload, args, out_dir, run)
+                except (ServerError, subprocess.CalledProcessError) as exc:
+                    failed[name] = failure(
+                        name, run, exc, out_dir / f"{workload}.{name}.server.log"
+                    )
+                    print(
+                        f"[bench-serving] {workload} {name} failed, the other configurations go "
+                        f"on: {failed[name]['error']}\n{exc}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    continue
+                # everything measured so far, so that a job cut short keeps its finished runs
+                write_result(path, result, kept, done, pairs, failed, git)
+        if failed and (kept or done):  # the failures too, beside the rows kept or measured
+            write_result(path, result, kept, done, pairs, failed, git)
+        if kept or done:
+            print(
+                f"\n## {workload}: {WORKLOADS[workload][0]}\n\n"
+                f"{table(json.loads(path.read_text())['rows'])}\n\nwritten: {path}",
+                flush=True,
+            )
+        for f in failed.values():
+            print(
+                f"not measured: {workload} {f['config']} (run {f['run']}: {f['error']}; "
+                f"log: {f['server_log']})",
+                file=sys.stderr,
+                flush=True,
+            )
+        failures += len(failed)
+    return 1 if failures else 0
+
+
+def failure(config: str, run: int | None, exc: Exception, log: Path) -> dict:
+    """What a failed configuration records: the run it failed in, the error in a line, its log."""
+    if isinstance(exc, subprocess.CalledProcessError):
+        error = f"sglang.bench_serving exited with status {exc.returncode}"
+    else:  # ServerError: its message ends with the server log's tail; its last error line
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        errors = [line for line in lines if "error" in line.lower()]
+        error = (errors or lines or [type(exc).__name__])[-1]
+    return {
+        "config": config,
+        "run": 1 if run is None else run + 1,
+        "error": error,
+        "server_log": str(log),
+    }
+
+
+def write_result(
+    path: Path, result: dict, kept: list[dict], done: dict, pairs, failed: dict, git
+) -> None:
+    """``result`` with the rows measured (``done``, in ``pairs``' order) after those ``kept`` from
+    an earlier run that this one has not measured again, and the configurations ``failed``."""
+    rows = [r for r in kept if r["config"] not in done]
+    rows += [done[f"{p}+{b}"] for p, b in pairs if f"{p}+{b}" in done]
+    rows = copy.deepcopy(rows)  # the summary takes their generated texts
+    out = {**result, "date": _now(), "machine": describe(), "git": git}
+    out.update(summary=summarize(rows), rows=rows)
+    if failed:
+        out["failed"] = list(failed.values())
+    path.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,36 @@ def test_feather_bench_serving_writes_bench_servings_metrics(tiny_model, tmp_pat
     assert "| fcfs+feather |" in report and "configurations taking turns" in report
 
 
+def test_a_configuration_that_fails_leaves_the_others_measured(tiny_model, tmp_path, capsys):
+    # feather's server refuses its agent and exits; fcfs, run after it, is still measured and
+    # written, the failure is recorded and reported, and the job's status says it
+    small = (
+        "--num-prompts 4 --gsp-num-groups 2 --gsp-prompts-per-group 2 --gsp-system-prompt-len 64 "
+        "--gsp-question-len 8 --gsp-output-len 4"
+    )
+    args = ["--model", str(tiny_model), "--workloads", "memory-ample", "--backends", "feather"]
+    args += ["--repeats", "1", "--bench-args", small, "--out-dir", str(tmp_path), "--quiet"]
+    code = serving.main(
+        [*args, "--policies", "feather,fcfs", "--feather-args", "--feather-agent nope"]
+    )
+    assert code == 1
+    result = json.loads((tmp_path / "memory-ample.json").read_text())
+    assert [r["config"] for r in result["rows"]] == ["fcfs+feather"]
+    assert result["rows"][0]["output_throughput"] > 0
+    (failed,) = result["failed"]
+    assert failed["config"] == "feather+feather" and failed["run"] == 1
+    assert "unknown agent 'nope'" in failed["error"], failed
+    assert "not measured: memory-ample feather+feather" in capsys.readouterr().err
+    assert "feather+feather failed in run 1" in " ".join(serving.report(tmp_path).split())
+    # --add: a configuration that fails again keeps the figures of the run that measured it
+    code = serving.main([*args, "--policies", "fcfs", "--add", "--server-args=--nope"])
+    assert code == 1
+    again = json.loads((tmp_path / "memory-ample.json").read_text())
+    (row,) = again["rows"]
+    assert row["output_throughput"] == result["rows"][0]["output_throughput"]
+    assert row["git"] == result["git"] and again["failed"][0]["config"] == "fcfs+feather"
+
+
 def test_bad_options_say_what_is_allowed(capsys):
     with pytest.raises(SystemExit) as err:
         serving.main(["--model", "m", "--policies", "fcfs,best"])
