@@ -23,7 +23,7 @@ from pathlib import Path
 
 from feather_bench.tools.machine import cpu_label, describe, git_state, short_commit
 from feather_bench.tools.markdown import command_block, wrap
-from feather_bench.tools.server import ServerError, SGLangServer, per_worker
+from feather_bench.tools.server import ServerError, SGLangServer, error_line, per_worker
 
 STOCK_POLICIES = ("fcfs", "lpm", "dfs-weight")
 BACKENDS = ("torch_native", "feather")
@@ -626,10 +626,8 @@ def failure(config: str, run: int | None, exc: Exception, log: Path) -> dict:
     """What a failed configuration records: the run it failed in, the error in a line, its log."""
     if isinstance(exc, subprocess.CalledProcessError):
         error = f"sglang.bench_serving exited with status {exc.returncode}"
-    else:  # ServerError: its message ends with the server log's tail; its last error line
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        errors = [line for line in lines if "error" in line.lower()]
-        error = (errors or lines or [type(exc).__name__])[-1]
+    else:  # ServerError: its message ends with the server log's tail
+        error = error_line(str(exc)) or str(exc).strip().splitlines()[0]
     return {
         "config": config,
         "run": 1 if run is None else run + 1,

@@ -541,14 +541,26 @@ def main(argv=None) -> None:
     per_config: dict[ABConfig, list[dict]] = {c: [] for c in configs}
     outputs: dict[ABConfig, dict] = {}
     servers: dict[ABConfig, dict] = {}
+    failed: dict[ABConfig, dict] = {}
     total = len(configs) * args.repeats
     for rep in range(args.repeats):
         # NOTE: configurations interleaved across repeats, so slow drift of a noisy machine
         # spreads over all of them instead of favouring the ones that ran first
         for i, config in enumerate(configs):
             n = rep * len(configs) + i + 1
+            if config in failed:
+                continue
             print(f"[{n}/{total}] {config.name} ...", flush=True)
-            result = run(workload, config, common, work_dir / f"rep{rep}")
+            try:
+                result = run(workload, config, common, work_dir / f"rep{rep}")
+            except RuntimeError as e:  # the server or engine failed: the others go on
+                failed[config] = {"config": config.name, "run": rep + 1, "error": str(e)}
+                print(
+                    f"[{n}/{total}] {config.name} failed, left out of the other runs: {e}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
             if result.server_info:
                 servers.setdefault(config, result.server_info)
             figures = compute(result, workload, dp_size_of(args, result.server_info))
@@ -567,8 +579,11 @@ def main(argv=None) -> None:
             )
     from feather_bench.ab.client import server_summary
 
+    if not outputs:
+        print("feather-ab: error: every configuration failed; nothing to compare", file=sys.stderr)
+        sys.exit(1)
     rows = []
-    for config in configs:
+    for config in (c for c in configs if per_config[c]):
         med = median_of(per_config[config])
         rows.append(
             {
@@ -607,6 +622,8 @@ def main(argv=None) -> None:
         "greedy_mismatches": mismatches[:20],
         "summary": report.summary(rows, BASELINE_POLICIES),
     }
+    if failed:
+        result["failed"] = list(failed.values())
     if info is not None:
         result["server"] = server_summary(info)
     print()
@@ -632,7 +649,9 @@ def main(argv=None) -> None:
     json_path.write_text(json.dumps(result, indent=1, default=float))
     report.chart(result, chart_path)
     print(f"wrote {json_path} and {chart_path}")
-    if mismatches:
+    for f in failed.values():
+        print(f"not measured: {f['config']} (run {f['run']}: {f['error']})", file=sys.stderr)
+    if mismatches or failed:
         sys.exit(1)
 
 

@@ -182,8 +182,13 @@ def run_offline(workload: Workload, config: ABConfig, common: Common, workdir: P
     finally:
         os.close(progress_fd)
     if proc.returncode != 0 or not out_path.exists():
+        from feather_bench.tools.server import error_line
+
+        why = error_line(log_path.read_text(errors="replace"))
         raise RuntimeError(
-            f"{config.name}: the engine run failed (exit code {proc.returncode}); see {log_path}"
+            f"{config.name}: the engine run failed (exit code {proc.returncode})"
+            + (f": {why}" if why else "")
+            + f"; see {log_path}"
         )
     out = json.loads(out_path.read_text())
     records = [RequestRecord(**r) for r in out["records"]]

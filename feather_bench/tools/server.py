@@ -73,6 +73,13 @@ class ServerError(RuntimeError):
     """The server failed to start, died, or did not stop."""
 
 
+def error_line(text: str) -> str | None:
+    """The last line of a log (or an error's message) that names an error: what a failed start
+    reports in one line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return next((line for line in reversed(lines) if "error" in line.lower()), None)
+
+
 # A process that lost its port to another between the choice and its bind says so (Python's
 # "Address already in use", uvicorn's "... address already in use"); the choice is retried
 # this many times.

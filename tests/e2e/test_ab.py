@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 EXAMPLE = REPO / "scripts" / "example_workload.jsonl"
 
 
-def run_ab(tmp_path: Path, *args: str) -> tuple[dict, str]:
+def run_ab(tmp_path: Path, *args: str, status: int = 0) -> tuple[dict, str]:
     out = tmp_path / "ab.json"
     p = subprocess.run(
         [
@@ -32,8 +32,8 @@ def run_ab(tmp_path: Path, *args: str) -> tuple[dict, str]:
         timeout=900,
         cwd=REPO,
     )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return json.loads(out.read_text()), p.stdout
+    assert p.returncode == status, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads(out.read_text()), p.stdout + p.stderr
 
 
 def check_rows(result: dict, configs: list[str], requests: int, output_tokens: int) -> None:
@@ -104,3 +104,16 @@ def test_online_poisson_arrivals_on_a_real_server(tiny_model, tmp_path):
         result["common"]["mode"] == "online" and result["workload"]["params"]["request_rate"] == 6
     )
     assert list((tmp_path / "work" / "rep0").glob("*.server.log"))
+
+
+def test_a_configuration_that_fails_leaves_the_others_measured(tiny_model, tmp_path):
+    # feather refuses priority scheduling, which fcfs takes: feather's engine exits, fcfs after
+    # it is still measured, and the failure is recorded, reported and in the exit status
+    args = ["--workload-file", str(EXAMPLE), "--model", str(tiny_model), "--threads", "1"]
+    args += ["--policies", "feather,fcfs", "--backends", "feather"]
+    result, out = run_ab(tmp_path, *args, "--server-args=--enable-priority-scheduling", status=1)
+    check_rows(result, ["fcfs + feather"], 12, 12 * 12)
+    (failed,) = result["failed"]
+    assert failed["config"] == "feather + feather" and failed["run"] == 1
+    assert "cannot be combined with --enable-priority-scheduling" in failed["error"]
+    assert "not measured: feather + feather" in out
