@@ -402,7 +402,8 @@ def headline(results: list[dict]) -> str:
 def runs_of(result: dict) -> str:
     """How many bench_serving runs each row is the median of."""
     counts = {row["config"]: row.get("runs", result["repeats"]) for row in result["rows"]}
-    most = max(set(counts.values()), key=list(counts.values()).count)
+    # the most common count; of two as common, the larger (the rows the comparison was built on)
+    most = max(set(counts.values()), key=lambda n: (list(counts.values()).count(n), n))
     others = ", ".join(f"{n} for {c}" for c, n in counts.items() if n != most)
     # how the rows of the most common count ran (a row of one run takes no turns)
     interleaved = all(
@@ -411,7 +412,8 @@ def runs_of(result: dict) -> str:
     per = (
         "runs, configurations taking turns, a server per run" if interleaved else "runs per server"
     )
-    return f"medians of {most} {per}" + (f" ({others})" if others else "")
+    head = "one run per server" if most == 1 else f"medians of {most} {per}"
+    return head + (f" ({others})" if others else "")
 
 
 def report(out_dir: Path) -> str:

@@ -134,3 +134,7 @@ def test_the_report_says_how_many_runs_each_row_is_the_median_of():
     assert serving.runs_of({"repeats": 1, "rows": turns}) == (
         "medians of 2 runs, configurations taking turns, a server per run (1 for c)"
     )
+    # as many rows of one run as of two: the rows of two set the sentence
+    even = [*turns, {"config": "d", "runs": 1}]
+    assert serving.runs_of({"repeats": 1, "rows": even}).startswith("medians of 2 runs, config")
+    assert serving.runs_of({"repeats": 1, "rows": rows[2:]}) == "one run per server"
