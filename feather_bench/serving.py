@@ -157,7 +157,7 @@ def run_config(
         model,
         schedule_policy=policy,
         extra_args=extra,
-        log_path=out_dir / f"{workload}.{name}.server.log",
+        log_path=server_log(out_dir, workload, name),
         **(
             {"ready_timeout_s": args.ready_timeout_s}
             if getattr(args, "ready_timeout_s", None)
@@ -191,6 +191,11 @@ def run_config(
     row["prefill_tokens"] = statistics.median(row["prefill_tokens_runs"])
     row["server_args"] = extra
     return row
+
+
+def server_log(out_dir: Path, workload: str, config: str) -> Path:
+    """Where a configuration's server writes its log (every run of the workload appends)."""
+    return out_dir / f"{workload}.{config}.server.log"
 
 
 def without_flags(words, given) -> list[str]:
@@ -593,24 +598,19 @@ def main(argv=None) -> int:
                 try:
                     done[name] = run_config(args.model, p, b, workload, args, out_dir, run)
                 except (ServerError, subprocess.CalledProcessError) as exc:
-                    failed[name] = failure(
-                        name, run, exc, out_dir / f"{workload}.{name}.server.log"
-                    )
+                    failed[name] = failure(name, run, exc, server_log(out_dir, workload, name))
                     print(
                         f"[bench-serving] {workload} {name} failed, the other configurations go "
                         f"on: {failed[name]['error']}\n{exc}",
                         file=sys.stderr,
                         flush=True,
                     )
-                    continue
-                # everything measured so far, so that a job cut short keeps its finished runs
-                write_result(path, result, kept, done, pairs, failed, git)
-        if failed and (kept or done):  # the failures too, beside the rows kept or measured
-            write_result(path, result, kept, done, pairs, failed, git)
+                # after every run, so that a job cut short keeps what it measured
+                if kept or done:
+                    rows = write_result(path, result, kept, done, pairs, failed, git)
         if kept or done:
             print(
-                f"\n## {workload}: {WORKLOADS[workload][0]}\n\n"
-                f"{table(json.loads(path.read_text())['rows'])}\n\nwritten: {path}",
+                f"\n## {workload}: {WORKLOADS[workload][0]}\n\n{table(rows)}\n\nwritten: {path}",
                 flush=True,
             )
         for f in failed.values():
@@ -640,9 +640,10 @@ def failure(config: str, run: int | None, exc: Exception, log: Path) -> dict:
 
 def write_result(
     path: Path, result: dict, kept: list[dict], done: dict, pairs, failed: dict, git
-) -> None:
+) -> list[dict]:
     """``result`` with the rows measured (``done``, in ``pairs``' order) after those ``kept`` from
-    an earlier run that this one has not measured again, and the configurations ``failed``."""
+    an earlier run that this one has not measured again, and the configurations ``failed``; the
+    rows written."""
     rows = [r for r in kept if r["config"] not in done]
     rows += [done[f"{p}+{b}"] for p, b in pairs if f"{p}+{b}" in done]
     rows = copy.deepcopy(rows)  # the summary takes their generated texts
@@ -651,6 +652,7 @@ def write_result(
     if failed:
         out["failed"] = list(failed.values())
     path.write_text(json.dumps(out, indent=2) + "\n")
+    return rows
 
 
 if __name__ == "__main__":
