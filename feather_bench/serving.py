@@ -174,23 +174,46 @@ def run_config(
             done = json.loads(counts.read_text()) if repeat and counts.exists() else []
             counts.write_text(json.dumps(done + [prefill_tokens(server.log_path, log_at[0])]))
 
-        runs = run_bench(
-            server.url,
-            model,
-            bench_args,
-            args,
-            out_dir / f"{workload}.{name}.jsonl",
-            workload + " " + name,
-            before_run=before_run,
-            after_run=after_run,
-            runs=range(args.repeats) if run is None else [run],
-        )
+        jsonl = out_dir / f"{workload}.{name}.jsonl"
+        try:
+            runs = run_bench(
+                server.url,
+                model,
+                bench_args,
+                args,
+                jsonl,
+                workload + " " + name,
+                before_run=before_run,
+                after_run=after_run,
+                runs=range(args.repeats) if run is None else [run],
+            )
+        except RunFailed as exc:
+            # the runs measured before the failed one stand (their counts, their JSONL lines)
+            measured = json.loads(counts.read_text()) if exc.run and counts.exists() else []
+            if measured:
+                exc.row = _config_row(
+                    name, policy, backend, run, medians(jsonl, len(measured)), measured, extra
+                )
+            raise
+    return _config_row(name, policy, backend, run, runs, json.loads(counts.read_text()), extra)
+
+
+def _config_row(name, policy, backend, run, runs: dict, counts: list, server_args) -> dict:
     row = {"config": name, "policy": policy, "attention_backend": backend, "date": _now()}
     row.update(runs, interleaved=run is not None)
-    row["prefill_tokens_runs"] = json.loads(counts.read_text())
-    row["prefill_tokens"] = statistics.median(row["prefill_tokens_runs"])
-    row["server_args"] = extra
+    row["prefill_tokens_runs"] = counts
+    row["prefill_tokens"] = statistics.median(counts)
+    row["server_args"] = server_args
     return row
+
+
+class RunFailed(subprocess.CalledProcessError):
+    """``sglang.bench_serving`` failed in run ``run`` (0-based); ``row``: the configuration's
+    row over the runs measured before it (None: none were)."""
+
+    def __init__(self, run: int, exc: subprocess.CalledProcessError) -> None:
+        super().__init__(exc.returncode, exc.cmd, exc.output, exc.stderr)
+        self.run, self.row = run, None
 
 
 def server_log(out_dir: Path, workload: str, config: str) -> Path:
@@ -292,10 +315,19 @@ def run_bench(
             *user_args,
         ]
         print(f"[bench-serving] {label} run {repeat + 1}/{args.repeats}", flush=True)
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
+        try:
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
+        except subprocess.CalledProcessError as exc:
+            raise RunFailed(repeat, exc) from exc
         if after_run is not None:
             after_run(repeat)
-    runs = _jsonl_runs(jsonl)
+    return medians(jsonl)
+
+
+def medians(jsonl: Path, runs: int | None = None) -> dict:
+    """The medians of bench_serving's metrics over the first ``runs`` runs in ``jsonl`` (all by
+    default), their output throughputs, the first run's texts and the failed requests."""
+    runs = _jsonl_runs(jsonl)[:runs]
     row = {"runs": len(runs), "jsonl": str(jsonl)}
     for key in METRICS:
         row[key] = statistics.median(r[key] for r in runs)
@@ -505,7 +537,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--interleave",
         action="store_true",
         help="run the configurations in turn, one bench_serving run each on a fresh server, "
-        "--repeats rounds, so that a host's drift falls on every configuration alike",
+        "--repeats rounds, each round starting one configuration later, so that a host's drift "
+        "falls on every configuration alike",
     )
     args = p.parse_args(argv)
     for field, allowed in (
@@ -591,14 +624,21 @@ def main(argv=None) -> int:
         done: dict[str, dict] = {}
         failed: dict[str, dict] = {}
         for run in range(args.repeats) if args.interleave else [None]:
-            for p, b in pairs:
+            # each round starts one configuration later, so none always runs first or last
+            turn = (run or 0) % len(pairs)
+            for p, b in pairs[turn:] + pairs[:turn]:
                 name = f"{p}+{b}"
                 if name in failed:  # its JSONL and counts stop at the failed run
                     continue
                 try:
                     done[name] = run_config(args.model, p, b, workload, args, out_dir, run)
                 except (ServerError, subprocess.CalledProcessError) as exc:
-                    failed[name] = failure(name, run, exc, server_log(out_dir, workload, name))
+                    at = run
+                    if isinstance(exc, RunFailed):
+                        at = exc.run
+                        if exc.row is not None:  # the runs before the failed one stand
+                            done[name] = exc.row
+                    failed[name] = failure(name, at, exc, server_log(out_dir, workload, name))
                     print(
                         f"[bench-serving] {workload} {name} failed, the other configurations go "
                         f"on: {failed[name]['error']}\n{exc}",
@@ -615,7 +655,7 @@ def main(argv=None) -> int:
             )
         for f in failed.values():
             print(
-                f"not measured: {workload} {f['config']} (run {f['run']}: {f['error']}; "
+                f"not measured: {workload} {f['config']} from run {f['run']} on ({f['error']}; "
                 f"log: {f['server_log']})",
                 file=sys.stderr,
                 flush=True,

@@ -544,9 +544,11 @@ def main(argv=None) -> None:
     failed: dict[ABConfig, dict] = {}
     total = len(configs) * args.repeats
     for rep in range(args.repeats):
-        # NOTE: configurations interleaved across repeats, so slow drift of a noisy machine
-        # spreads over all of them instead of favouring the ones that ran first
-        for i, config in enumerate(configs):
+        # NOTE: configurations interleaved across repeats, each repeat starting one
+        # configuration later, so slow drift of a noisy machine spreads over all of them
+        # instead of favouring the ones that run first
+        turn = rep % len(configs)
+        for i, config in enumerate(configs[turn:] + configs[:turn]):
             n = rep * len(configs) + i + 1
             if config in failed:
                 continue

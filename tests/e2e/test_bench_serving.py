@@ -4,10 +4,16 @@ drives it against a real feather server."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from feather_bench import serving
@@ -81,8 +87,12 @@ def test_feather_bench_serving_writes_bench_servings_metrics(tiny_model, tmp_pat
     order = [
         line.split(" ", 2)[2] for line in out.splitlines() if line.startswith("[bench-serving]")
     ]
+    # each round starts one configuration later
     assert order == [
-        f"{config} run {n}/2" for n in (1, 2) for config in ("fcfs+feather", "feather+feather")
+        "fcfs+feather run 1/2",
+        "feather+feather run 1/2",
+        "feather+feather run 2/2",
+        "fcfs+feather run 2/2",
     ]
     report = " ".join(serving.report(tmp_path).split())
     assert "| fcfs+feather |" in report and "configurations taking turns" in report
@@ -116,6 +126,50 @@ def test_a_configuration_that_fails_leaves_the_others_measured(tiny_model, tmp_p
     (row,) = again["rows"]
     assert row["output_throughput"] == result["rows"][0]["output_throughput"]
     assert row["git"] == result["git"] and again["failed"][0]["config"] == "fcfs+feather"
+
+
+def _kill_server_after_first_run(counts: Path, stop: threading.Event) -> None:
+    """Once run 1's prefill count is written, the server (a launch_server child) is killed:
+    run 2's client, still importing, finds no server."""
+    while not stop.is_set() and not counts.exists():
+        time.sleep(0.05)
+    for proc in psutil.Process().children(recursive=True):
+        if not stop.is_set() and "sglang.launch_server" in " ".join(proc.cmdline()):
+            os.killpg(proc.pid, signal.SIGKILL)  # the server's session: it and its workers
+
+
+def test_a_server_lost_after_a_run_keeps_that_run(tiny_model, tmp_path, capsys):
+    # one server for both runs (no --interleave); it dies after the first: the first run's
+    # figures are written, the second is recorded as the failure, and the job says so
+    small = (
+        "--num-prompts 4 --gsp-num-groups 2 --gsp-prompts-per-group 2 --gsp-system-prompt-len 64 "
+        "--gsp-question-len 8 --gsp-output-len 4"
+    )
+    stop = threading.Event()
+    killer = threading.Thread(
+        target=_kill_server_after_first_run,
+        args=(tmp_path / "memory-ample.feather+feather.prefill.json", stop),
+    )
+    killer.start()
+    try:
+        code = serving.main(
+            ["--model", str(tiny_model), "--workloads", "memory-ample", "--backends", "feather"]
+            + ["--policies", "feather", "--repeats", "2", "--bench-args", small]
+            + ["--out-dir", str(tmp_path), "--quiet"]
+        )
+    finally:
+        stop.set()
+        killer.join()
+    assert code == 1
+    result = json.loads((tmp_path / "memory-ample.json").read_text())
+    (row,) = result["rows"]
+    assert row["config"] == "feather+feather" and row["runs"] == 1 and row["errors"] == 0
+    assert len(row["output_throughput_runs"]) == len(row["prefill_tokens_runs"]) == 1
+    assert row["output_throughput"] == row["output_throughput_runs"][0] > 0
+    (failed,) = result["failed"]
+    assert failed["config"] == "feather+feather" and failed["run"] == 2
+    assert failed["error"].startswith("sglang.bench_serving exited with status"), failed
+    assert "feather+feather from run 2 on" in capsys.readouterr().err
 
 
 def test_bad_options_say_what_is_allowed(capsys):
