@@ -128,14 +128,20 @@ def test_a_configuration_that_fails_leaves_the_others_measured(tiny_model, tmp_p
     assert row["git"] == result["git"] and again["failed"][0]["config"] == "fcfs+feather"
 
 
-def _kill_server_after_first_run(counts: Path, stop: threading.Event) -> None:
+def _kill_server_after_first_run(counts: Path, stop: threading.Event, killed: list) -> None:
     """Once run 1's prefill count is written, the server (a launch_server child) is killed:
     run 2's client, still importing, finds no server."""
-    while not stop.is_set() and not counts.exists():
+    while not stop.is_set():
+        if counts.exists():
+            for proc in psutil.Process().children(recursive=True):
+                try:  # a child may exit while it is read
+                    if "sglang.launch_server" in " ".join(proc.cmdline()):
+                        os.killpg(proc.pid, signal.SIGKILL)  # its session: it and its workers
+                        killed.append(proc.pid)
+                        return
+                except (psutil.Error, ProcessLookupError):
+                    continue
         time.sleep(0.05)
-    for proc in psutil.Process().children(recursive=True):
-        if not stop.is_set() and "sglang.launch_server" in " ".join(proc.cmdline()):
-            os.killpg(proc.pid, signal.SIGKILL)  # the server's session: it and its workers
 
 
 def test_a_server_lost_after_a_run_keeps_that_run(tiny_model, tmp_path, capsys):
@@ -145,10 +151,10 @@ def test_a_server_lost_after_a_run_keeps_that_run(tiny_model, tmp_path, capsys):
         "--num-prompts 4 --gsp-num-groups 2 --gsp-prompts-per-group 2 --gsp-system-prompt-len 64 "
         "--gsp-question-len 8 --gsp-output-len 4"
     )
-    stop = threading.Event()
+    stop, killed = threading.Event(), []
     killer = threading.Thread(
         target=_kill_server_after_first_run,
-        args=(tmp_path / "memory-ample.feather+feather.prefill.json", stop),
+        args=(tmp_path / "memory-ample.feather+feather.prefill.json", stop, killed),
     )
     killer.start()
     try:
@@ -160,6 +166,7 @@ def test_a_server_lost_after_a_run_keeps_that_run(tiny_model, tmp_path, capsys):
     finally:
         stop.set()
         killer.join()
+    assert killed, "the server was not found to kill after run 1"
     assert code == 1
     result = json.loads((tmp_path / "memory-ample.json").read_text())
     (row,) = result["rows"]
