@@ -21,7 +21,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from feather_bench.tools.machine import cpu_label, describe, git_state, short_commit
+from feather_bench.tools.machine import (
+    cpu_label,
+    describe,
+    git_state,
+    round_order,
+    short_commit,
+)
 from feather_bench.tools.markdown import command_block, wrap
 from feather_bench.tools.server import ServerError, SGLangServer, error_line, per_worker
 
@@ -624,20 +630,16 @@ def main(argv=None) -> int:
         done: dict[str, dict] = {}
         failed: dict[str, dict] = {}
         for run in range(args.repeats) if args.interleave else [None]:
-            # each round starts one configuration later, so none always runs first or last
-            turn = (run or 0) % len(pairs)
-            for p, b in pairs[turn:] + pairs[:turn]:
+            for p, b in round_order(pairs, run or 0):
                 name = f"{p}+{b}"
                 if name in failed:  # its JSONL and counts stop at the failed run
                     continue
                 try:
                     done[name] = run_config(args.model, p, b, workload, args, out_dir, run)
-                except (ServerError, subprocess.CalledProcessError) as exc:
-                    at = run
-                    if isinstance(exc, RunFailed):
-                        at = exc.run
-                        if exc.row is not None:  # the runs before the failed one stand
-                            done[name] = exc.row
+                except (ServerError, RunFailed) as exc:
+                    at = getattr(exc, "run", run)  # a client run names its own
+                    if getattr(exc, "row", None) is not None:  # the runs before it stand
+                        done[name] = exc.row
                     failed[name] = failure(name, at, exc, server_log(out_dir, workload, name))
                     print(
                         f"[bench-serving] {workload} {name} failed, the other configurations go "

@@ -47,6 +47,7 @@ from feather_bench.ab.runner import (
 )
 from feather_bench.paths import model_dir
 from feather_bench.tools.machine import describe as describe_machine
+from feather_bench.tools.machine import round_order
 from feather_bench.workloads import (
     ALIASES,
     SPECS,
@@ -544,11 +545,9 @@ def main(argv=None) -> None:
     failed: dict[ABConfig, dict] = {}
     total = len(configs) * args.repeats
     for rep in range(args.repeats):
-        # NOTE: configurations interleaved across repeats, each repeat starting one
-        # configuration later, so slow drift of a noisy machine spreads over all of them
-        # instead of favouring the ones that run first
-        turn = rep % len(configs)
-        for i, config in enumerate(configs[turn:] + configs[:turn]):
+        # configurations interleaved across repeats, so slow drift of a noisy machine spreads
+        # over all of them instead of favouring the ones that run first
+        for i, config in enumerate(round_order(configs, rep)):
             n = rep * len(configs) + i + 1
             if config in failed:
                 continue

@@ -77,3 +77,10 @@ def git_state() -> dict:
 def short_commit(git: dict | None, missing: str = "?") -> str:
     """The first 10 digits of the commit in ``git_state()``'s record, ``missing`` without one."""
     return ((git or {}).get("commit") or missing)[:10]
+
+
+def round_order(items: list, round_: int) -> list:
+    """``items`` in the order round ``round_`` runs them: each round starts one later, so that a
+    host's drift within a round falls on none of them always."""
+    turn = round_ % len(items) if items else 0
+    return items[turn:] + items[:turn]
